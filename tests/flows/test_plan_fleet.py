@@ -1,0 +1,96 @@
+"""The real pipeline (dvc.yaml, the stages, MLflow) in a temporary git + DVC repo, driven by the Prefect flow."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from exitplan import REPO_ROOT
+from exitplan.errors import PipelineError
+from exitplan.pipeline import dvc_executable, repro
+
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def _small_params(repo: Path) -> dict:
+    tree = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    tree["tracking"]["tracking_uri"] = f"sqlite:///{repo / 'mlflow.db'}"
+    tree["fetch_models"]["models"] = [SMOLLM2]
+    workload = tree["prepare_workload"]
+    workload.update(tokenizer_model=SMOLLM2, datasets=["gsm8k", "humaneval"], max_queries_per_dataset=40)
+    workload["traces"] = [{"name": "small", "arrival": "gamma", "burstiness": 0.5, "qps": 5.0,
+                           "num_requests": 60, "mix": {"gsm8k": 0.5, "humaneval": 0.5}}]
+    return tree
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh git + DVC repo holding this project's dvc.yaml, catalog and code, with small params."""
+    repo = tmp_path_factory.mktemp("pipeline")
+    shutil.copy(REPO_ROOT / "dvc.yaml", repo / "dvc.yaml")
+    (repo / "model_repository").mkdir()
+    shutil.copy(REPO_ROOT / "model_repository" / "catalog.yaml", repo / "model_repository" / "catalog.yaml")
+    shutil.copytree(REPO_ROOT / "exitplan", repo / "exitplan", ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / "params.yaml").write_text(yaml.safe_dump(_small_params(repo), sort_keys=False))
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run([dvc_executable(), "init", "-q"], cwd=repo, check=True)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def flow_results(repo: Path, prefect_harness: None):
+    """Run the plan_fleet flow once on the temporary repo (the `exitplan` CLI of this venv on PATH)."""
+    from flows.plan_fleet import plan_fleet
+
+    old_path = os.environ["PATH"]
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{old_path}"
+    try:
+        yield plan_fleet(params_path=str(repo / "params.yaml"))
+    finally:
+        os.environ["PATH"] = old_path
+
+
+def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) -> None:
+    assert [r.target for r in flow_results] == ["fetch_models", "prepare_workload"]
+    assert flow_results[0].ran == [f"fetch_models@{SMOLLM2}"]
+    assert flow_results[1].ran == ["prepare_workload"]
+    assert (repo / "model_repository" / "checkpoints" / SMOLLM2 / "model.safetensors").is_file()
+    trace = pd.read_parquet(repo / "data" / "workload" / "trace_small.parquet")
+    assert len(trace) == 60 and set(trace["dataset"]) == {"gsm8k", "humaneval"}
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    assert {f"fetch_models@{SMOLLM2}", "prepare_workload"} <= set(lock["stages"])
+
+
+def test_stage_runs_are_tracked_in_mlflow(repo: Path, flow_results) -> None:
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("exitplan")
+    runs = client.search_runs([experiment.experiment_id])
+    by_name = {r.info.run_name: r for r in runs}
+    assert set(by_name) == {f"fetch_models:{SMOLLM2}", "prepare_workload"}
+    assert by_name["prepare_workload"].data.metrics["num_queries"] == 80
+    assert by_name["prepare_workload"].data.params["seed"] == "0"
+
+
+def test_second_repro_does_nothing_and_a_param_change_reruns_only_its_stage(repo: Path, flow_results) -> None:
+    again = repro("prepare_workload", repo)
+    assert again.ran == []
+    assert "Data and pipelines are up to date" in again.output
+    tree = yaml.safe_load((repo / "params.yaml").read_text())
+    tree["prepare_workload"]["seed"] = 1
+    (repo / "params.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
+    changed = repro("prepare_workload", repo)
+    assert changed.ran == ["prepare_workload"]
+
+
+def test_a_failing_stage_raises_with_dvcs_words(repo: Path) -> None:
+    with pytest.raises(PipelineError, match="dvc repro no_such_stage failed"):
+        repro("no_such_stage", repo)
