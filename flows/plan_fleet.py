@@ -25,9 +25,13 @@ def plan_fleet(params_path: str = "params.yaml", stages: list[str] | None = None
     logger = get_run_logger()
     for result in results:
         logger.info("%s: %s", result.target, ", ".join(result.ran) or "up to date")
-    logger.info("checkpoints: %s", params.path(params.fetch_models.checkpoint_dir))
-    logger.info("workload: %s (metrics: reports/prepare_workload/metrics.json; `dvc metrics show`)",
-                params.path(params.prepare_workload.output_dir))
+    print(f"""
+exitplan plan_fleet finished. Outputs:
+  model checkpoints  {params.path(params.fetch_models.checkpoint_dir)}
+  workloads          {params.path(params.prepare_workload.output_dir)} (queries.parquet, trace_*.parquet)
+  metrics            reports/  (`dvc metrics show`)
+  runs               MLflow: `mlflow ui --backend-store-uri sqlite:///{params.root / 'mlflow.db'}`
+""")
     return results
 
 
