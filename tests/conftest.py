@@ -45,3 +45,16 @@ def smollm2_tokenizer(smollm2_checkpoint: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(smollm2_checkpoint))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(smollm2_tokenizer):
+    """A tiny random-initialised Llama (2 layers, d=64) over SmolLM2's real tokenizer, for fast model tests."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(smollm2_tokenizer), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=256, tie_word_embeddings=True)
+    return LlamaForCausalLM(config).eval()

@@ -96,3 +96,15 @@ def test_real_smollm2_checkpoint_loads_and_matches_the_catalog(smollm2_checkpoin
         logits = model(ids).logits
     assert logits.shape == (1, ids.shape[1], spec.vocab_size)
     assert tokenizer.decode(logits[0, -1].argmax()).strip() == "Paris"
+
+
+def test_architecture_check_compares_the_model_with_the_catalog(tiny_llama) -> None:
+    from exitplan.checkpoints import _check_architecture
+
+    spec = Model(name="test/tiny-llama", family="llama", num_layers=2, hidden_size=64, num_attention_heads=4,
+                 num_kv_heads=2, intermediate_size=128, vocab_size=tiny_llama.config.vocab_size,
+                 tie_word_embeddings=True)
+    _check_architecture(tiny_llama.config, spec)
+    assert sum(p.numel() for p in tiny_llama.parameters()) == spec.num_params()
+    with pytest.raises(FetchError, match=r"num_hidden_layers=2 \(catalog 3\)"):
+        _check_architecture(tiny_llama.config, spec.model_copy(update={"num_layers": 3}))
