@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -256,10 +256,7 @@ class Catalog(StrictModel):
         Raises:
             CatalogError: naming the unknown id and the known ones.
         """
-        try:
-            return self._gpus[gpu_id]
-        except KeyError:
-            raise CatalogError("catalog", [f"unknown GPU '{gpu_id}'; known: {sorted(self._gpus)}"]) from None
+        return _lookup(self._gpus, gpu_id, "GPU")
 
     def model(self, name: str) -> Model | Embedder:
         """The model or embedder with this Hugging Face id.
@@ -267,10 +264,7 @@ class Catalog(StrictModel):
         Raises:
             CatalogError: naming the unknown model and the known ones.
         """
-        try:
-            return self._models[name]
-        except KeyError:
-            raise CatalogError("catalog", [f"unknown model '{name}'; known: {sorted(self._models)}"]) from None
+        return _lookup(self._models, name, "model")
 
     def unknown_model_problems(self, params: Params) -> list[str]:
         """Problems with the models that ``params`` names: not in the catalog, or nothing to fetch them from."""
@@ -285,6 +279,14 @@ class Catalog(StrictModel):
         if tokenizer not in params.fetch_models.models:
             problems.append(f"prepare_workload.tokenizer_model: '{tokenizer}' is not in fetch_models.models")
         return problems
+
+
+def _lookup(table: dict[str, Any], key: str, kind: str) -> Any:
+    """``table[key]``, or a :class:`CatalogError` naming the unknown key and the known ones."""
+    try:
+        return table[key]
+    except KeyError:
+        raise CatalogError("catalog", [f"unknown {kind} '{key}'; known: {sorted(table)}"]) from None
 
 
 def load_catalog(path: str | Path) -> Catalog:
