@@ -34,10 +34,12 @@ $(STAMP): requirements.lock pyproject.toml
 	touch $(STAMP)
 
 run: venv
+	mkdir -p $(PREFECT_HOME)
 	$(BIN)/exitplan check-config
 	$(BIN)/python -m flows.plan_fleet
 
 test: venv
+	mkdir -p $(PREFECT_HOME)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # Re-pin after changing dependencies in pyproject.toml (run in a venv that has them installed).
