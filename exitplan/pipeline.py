@@ -42,7 +42,9 @@ def repro(target: str, root: Path) -> ReproResult:
     Raises:
         PipelineError: with DVC's last lines when the stage fails.
     """
-    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    # Stage commands (`exitplan stage ...`) must run in this same environment, activated or not.
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")])}
     result = subprocess.run([dvc_executable(), "repro", target], cwd=root, env=env, capture_output=True, text=True,
                             check=False)
     output = result.stdout + result.stderr

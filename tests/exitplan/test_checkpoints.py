@@ -108,3 +108,23 @@ def test_architecture_check_compares_the_model_with_the_catalog(tiny_llama) -> N
     assert sum(p.numel() for p in tiny_llama.parameters()) == spec.num_params()
     with pytest.raises(FetchError, match=r"num_hidden_layers=2 \(catalog 3\)"):
         _check_architecture(tiny_llama.config, spec.model_copy(update={"num_layers": 3}))
+
+
+@pytest.mark.slow
+def test_real_qwen_pair_shares_one_tokenizer_and_completes_code(checkpoint_of, catalog) -> None:
+    """The two Qwen2.5-Coder models (1.6 GB of parts): byte-identical tokenizers, and both complete real code."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    small = checkpoint_of("Qwen/Qwen2.5-Coder-0.5B-Instruct")
+    large = checkpoint_of("Qwen/Qwen2.5-Coder-1.5B-Instruct")
+    assert (small / "tokenizer.json").read_bytes() == (large / "tokenizer.json").read_bytes()
+    tokenizer = AutoTokenizer.from_pretrained(str(small))
+    ids = tokenizer("def fibonacci(n):\n    if n <= 1:\n        return", return_tensors="pt").input_ids
+    for path, name in ((small, "Qwen/Qwen2.5-Coder-0.5B-Instruct"), (large, "Qwen/Qwen2.5-Coder-1.5B-Instruct")):
+        model = AutoModelForCausalLM.from_pretrained(str(path))
+        assert sum(p.numel() for p in model.parameters()) == catalog.model(name).num_params()
+        with torch.no_grad():
+            next_token = model(ids).logits[0, -1].argmax()
+        assert tokenizer.decode(next_token).strip() == "n"
+        del model

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -46,15 +44,10 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def flow_results(repo: Path, prefect_harness: None):
-    """Run the plan_fleet flow once on the temporary repo (the `exitplan` CLI of this venv on PATH)."""
+    """Run the plan_fleet flow once on the temporary repo."""
     from flows.plan_fleet import plan_fleet
 
-    old_path = os.environ["PATH"]
-    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{old_path}"
-    try:
-        yield plan_fleet(params_path=str(repo / "params.yaml"))
-    finally:
-        os.environ["PATH"] = old_path
+    return plan_fleet(params_path=str(repo / "params.yaml"))
 
 
 def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) -> None:
