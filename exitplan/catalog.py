@@ -31,6 +31,25 @@ class Link(StrictModel):
     bandwidth_gbps: float = Field(gt=0)
     """Usable bandwidth per GPU in GB/s (one direction)."""
 
+    latency_us: float = Field(default=10.0, ge=0)
+    """Fixed cost of one collective call (all-reduce or stage-to-stage send) in microseconds."""
+
+
+class Efficiency(StrictModel):
+    """Achievable fractions of a GPU's peak numbers, as the simulator's cost model uses them."""
+
+    compute: float = Field(gt=0, le=1)
+    """Fraction of ``bf16_tflops`` reached by prefill GEMMs (model FLOPs utilisation)."""
+
+    memory: float = Field(gt=0, le=1)
+    """Fraction of ``hbm_bandwidth_gbps`` reached by decode steps (memory bandwidth utilisation)."""
+
+    link: float = Field(gt=0, le=1)
+    """Fraction of the link bandwidth reached by all-reduces."""
+
+    source: str = Field(min_length=1)
+    """Where these values came from (a measurement, a paper, or an assumption awaiting calibration)."""
+
 
 class Gpu(StrictModel):
     """One GPU type: what the simulator needs to cost a step, and what it costs to rent."""
@@ -58,6 +77,9 @@ class Gpu(StrictModel):
 
     price_per_hour: float = Field(gt=0)
     """Rental price in US$ per GPU-hour."""
+
+    efficiency: Efficiency
+    """Achievable fractions of peak compute, memory bandwidth and link bandwidth (with their source)."""
 
     @property
     def memory_bytes(self) -> float:

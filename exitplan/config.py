@@ -142,6 +142,40 @@ class PrepareWorkloadParams(StrictModel):
         return self
 
 
+class EngineParams(StrictModel):
+    """Knobs of a vLLM-style serving engine (vLLM's names and defaults), as the simulator models them."""
+
+    max_num_seqs: int = Field(default=256, ge=1, le=65_536)
+    """Most sequences in one running batch (vLLM ``max_num_seqs``)."""
+
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    """Most tokens in one iteration. Empty: 2048 with chunked prefill, else max(max_model_len, 2048) (vLLM V0)."""
+
+    block_size: int = Field(default=16, ge=1, le=1024)
+    """Tokens per KV-cache block (vLLM ``block_size``)."""
+
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """Share of GPU memory the engine may use; KV capacity = this x memory - weights (per GPU)."""
+
+    enable_chunked_prefill: bool = False
+    """Split prompts into chunks that share iterations with decodes (else prefill-first, vLLM V0's default)."""
+
+    max_model_len: int | None = Field(default=None, ge=1)
+    """Longest prompt + output accepted. Empty: the model's ``max_position_embeddings``."""
+
+    step_overhead_s: float = Field(default=1e-3, ge=0, le=1)
+    """Fixed engine cost per iteration in seconds (scheduling, sampling, kernel launches)."""
+
+    watermark: float = Field(default=0.01, ge=0, lt=1)
+    """Share of KV blocks kept free when admitting a prompt (vLLM's block-manager watermark)."""
+
+    def batched_tokens(self, max_model_len: int) -> int:
+        """The token budget of one iteration in force."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return 2048 if self.enable_chunked_prefill else max(max_model_len, 2048)
+
+
 class Params(StrictModel):
     """The whole ``params.yaml``."""
 

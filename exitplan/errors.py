@@ -40,3 +40,7 @@ class WorkloadError(ExitplanError):
 
 class PipelineError(ExitplanError):
     """A DVC stage or the orchestration around it failed."""
+
+
+class SimulationError(ExitplanError):
+    """A simulation cannot run as asked: the model does not fit, TP does not divide the heads, QPS <= 0, ..."""
