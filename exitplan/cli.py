@@ -77,6 +77,60 @@ def catalog(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
         console.print(table)
 
 
+@app.command("simulate")
+def simulate(
+    model: Annotated[str, typer.Option(help="Hugging Face id of a catalog model.")],
+    gpu: Annotated[str, typer.Option(help="GPU id from the catalog.")],
+    tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 1,
+    pp: Annotated[int, typer.Option(help="Pipeline-parallel degree.")] = 1,
+    replicas: Annotated[int, typer.Option(help="Data-parallel replicas (round-robin dispatch).")] = 1,
+    qps: Annotated[float, typer.Option(help="Mean arrival rate, requests per second.")] = 1.0,
+    requests: Annotated[int, typer.Option(help="Number of requests (with --trace: at most this many).")] = 1000,
+    prompt_len: Annotated[int, typer.Option(help="Prompt tokens of every request.")] = 512,
+    output_len: Annotated[int, typer.Option(help="Output tokens of every request.")] = 128,
+    seed: Annotated[int, typer.Option(help="Seed of the arrival process.")] = 0,
+    arrival: Annotated[str, typer.Option(help="poisson | gamma | burst (all at t=0).")] = "poisson",
+    burstiness: Annotated[float, typer.Option(help="Gamma shape for --arrival gamma (1 = Poisson).")] = 1.0,
+    layers: Annotated[int | None, typer.Option(help="Layers held (a partial early-exit model).")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="vLLM max_num_seqs.")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(help="vLLM max_num_batched_tokens.")] = None,
+    block_size: Annotated[int | None, typer.Option(help="vLLM block_size.")] = None,
+    chunked_prefill: Annotated[bool, typer.Option(help="Enable chunked prefill.")] = False,
+    trace: Annotated[Path | None, typer.Option(help="Trace file (arrival_s, prompt_len, output_len).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    params: ParamsOption = Path(DEFAULT_PARAMS),
+) -> None:
+    """Simulate one model on TP x PP GPUs (x replicas) under a load; print TTFT, TPOT, E2E and throughput."""
+    import json
+
+    from exitplan.catalog import load_catalog
+    from exitplan.errors import SimulationError
+    from exitplan.simulator.cluster import simulate_cluster
+    from exitplan.simulator.cost_model import ReplicaSpec
+    from exitplan.simulator.metrics import summarize
+    from exitplan.simulator.replica import ReplicaSimulator
+    from exitplan.simulator.requests import generate_requests, read_trace
+
+    loaded = _params(params)
+    if arrival not in ("poisson", "gamma", "burst"):
+        raise SimulationError(f"--arrival must be poisson, gamma or burst (got '{arrival}')")
+    if replicas < 1:
+        raise SimulationError(f"--replicas must be >= 1 (got {replicas})")
+    cat = load_catalog(loaded.path(loaded.catalog))
+    spec = ReplicaSpec(cat.model(model), cat.gpu(gpu), tp, pp, layers)
+    overrides = {k: v for k, v in {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
+                                   "block_size": block_size}.items() if v is not None}
+    engine = loaded.simulator.engine.model_copy(update={**overrides, "enable_chunked_prefill": chunked_prefill})
+    offered = (read_trace(trace, requests) if trace else
+               generate_requests(requests, qps, prompt_len, output_len, seed, arrival, burstiness))
+    results = simulate_cluster(offered, [ReplicaSimulator(spec, engine) for _ in range(replicas)])
+    metrics = summarize(results)
+    if as_json:
+        print(json.dumps(metrics))
+        return
+    console.print_json(json.dumps(metrics))
+
+
 @stage_app.command("fetch-models")
 def stage_fetch_models(
     model: Annotated[str, typer.Option(help="Hugging Face id of the model to fetch (one of fetch_models.models).")],
@@ -107,7 +161,7 @@ def main() -> None:
     try:
         app()
     except ExitplanError as exc:
-        Console(stderr=True, width=160).print(f"[red]error:[/red] {exc}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {exc}", highlight=False)
         sys.exit(2)
 
 

@@ -176,6 +176,13 @@ class EngineParams(StrictModel):
         return 2048 if self.enable_chunked_prefill else max(max_model_len, 2048)
 
 
+class SimulatorParams(StrictModel):
+    """The inference simulator's engine defaults (used by ``exitplan simulate`` and ``build_perf_db``)."""
+
+    engine: EngineParams = Field(default_factory=EngineParams)
+    """vLLM-style engine knobs."""
+
+
 class Params(StrictModel):
     """The whole ``params.yaml``."""
 
@@ -190,6 +197,9 @@ class Params(StrictModel):
 
     prepare_workload: PrepareWorkloadParams
     """Stage ``prepare_workload``."""
+
+    simulator: SimulatorParams = Field(default_factory=SimulatorParams)
+    """The inference simulator."""
 
     _root: Path = PrivateAttr(default_factory=Path.cwd)
 

@@ -22,8 +22,11 @@ class ConfigError(ExitplanError):
     def __init__(self, source: str, problems: list[str]) -> None:
         self.source = source
         self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"{source}: {len(problems)} error(s)\n{lines}")
+        if len(problems) == 1:
+            super().__init__(f"{source}: {problems[0]}")
+        else:
+            lines = "\n".join(f"  - {p}" for p in problems)
+            super().__init__(f"{source}: {len(problems)} errors\n{lines}")
 
 
 class CatalogError(ConfigError):

@@ -73,6 +73,7 @@ class ReplicaResult:
         busy_s: Seconds the replica spent in iterations.
         num_steps: Iterations run.
         kv_blocks: KV blocks of the replica.
+        mean_running: Time-average number of sequences in the running batch over the whole run (idle included).
     """
 
     requests: RequestSet
@@ -85,6 +86,7 @@ class ReplicaResult:
     busy_s: float
     num_steps: int
     kv_blocks: int
+    mean_running: float
 
 
 def kv_capacity_blocks(spec: ReplicaSpec, engine: EngineParams) -> int:
@@ -156,6 +158,7 @@ class _Run:
         self.t = 0.0
         self.next_arrival = 0
         self.kv_integral = 0.0
+        self.running_integral = 0.0
         self.busy = 0.0
         self.steps = 0
         self.done = 0
@@ -165,6 +168,7 @@ class _Run:
         """Advance the clock by ``dt`` busy seconds; KV use is integrated between its value before and now."""
         used_after = self.sim.total_blocks - self.free
         self.kv_integral += 0.5 * (used_before + used_after) * dt
+        self.running_integral += len(self.r_id) * dt
         self.t += dt
         self.busy += dt
 
@@ -385,4 +389,5 @@ class _Run:
             preemptions=self.preempt, rejected=self.rejected,
             kv_utilisation=self.kv_integral / (self.busy * self.sim.total_blocks) if self.busy else 0.0,
             busy_s=self.busy, num_steps=self.steps, kv_blocks=self.sim.total_blocks,
+            mean_running=self.running_integral / self.t if self.t else 0.0,
         )
