@@ -138,7 +138,7 @@ class CostModel:
         return total
 
     def step_time(self, new_tokens: float, attn_pairs: float, kv_tokens_read: float, sampled: float) -> float:
-        """Seconds of one iteration.
+        """Seconds of one iteration (scalar twin of :meth:`step_times`, kept in plain floats for speed).
 
         Args:
             new_tokens: Tokens processed this step (prefill chunk tokens + one per decoding sequence).
@@ -146,8 +146,12 @@ class CostModel:
             kv_tokens_read: Tokens of KV cache read from memory (the contexts of the sequences in the step).
             sampled: Sequences that sample a token this step (each pays the LM head).
         """
-        return float(self.step_times(np.asarray([new_tokens], float), np.asarray([attn_pairs], float),
-                                     np.asarray([kv_tokens_read], float), np.asarray([sampled], float))[0])
+        c = self._c
+        flops = new_tokens * c["layer_flops"] + sampled * c["head_flops"] + attn_pairs * c["attn_flops"]
+        memory = c["weight_bytes"] + (c["head_bytes"] if sampled > 0 else 0.0)
+        memory += (kv_tokens_read + new_tokens) * c["kv_bytes"]
+        roofline = max(flops / c["flops_per_s"], memory / c["bytes_per_s"])
+        return roofline + float(self._comm(new_tokens)) + self.step_overhead_s
 
     def step_times(self, new_tokens: np.ndarray, attn_pairs: np.ndarray, kv_tokens_read: np.ndarray,
                    sampled: np.ndarray) -> np.ndarray:

@@ -1,0 +1,97 @@
+"""Latency as a function of load, interpolated monotonically between the perf DB's grid points."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from exitplan.errors import SimulationError
+
+INF = float("inf")
+
+
+@dataclass(frozen=True)
+class LatencyCurve:
+    """Latency vs offered load of one deployment, up to its capacity.
+
+    Values are made non-decreasing (a running maximum removes simulation noise) and interpolated linearly, so
+    the curve is monotone between grid points; below the first grid point it is flat, above ``capacity`` it is
+    infinite (the deployment is saturated).
+
+    Attributes:
+        qps: Grid loads, increasing; shape ``k``.
+        latency: Latency at each grid load; shape ``k``.
+        capacity: Highest load the deployment sustains (the last unsaturated grid point).
+    """
+
+    qps: np.ndarray
+    latency: np.ndarray
+    capacity: float
+
+    @classmethod
+    def from_points(cls, qps: np.ndarray, latency: np.ndarray, saturated: np.ndarray | None = None) -> LatencyCurve:
+        """Build from grid points; the curve ends before the first saturated (or non-finite) point."""
+        order = np.argsort(qps)
+        qps, latency = np.asarray(qps, float)[order], np.asarray(latency, float)[order]
+        bad = ~np.isfinite(latency)
+        if saturated is not None:
+            bad |= np.asarray(saturated, bool)[order]
+        stop = int(np.argmax(bad)) if bad.any() else len(qps)
+        if stop == 0:
+            return cls(qps[:0], latency[:0], 0.0)
+        kept_q, kept_l = qps[:stop], np.maximum.accumulate(latency[:stop])
+        return cls(kept_q, kept_l, float(kept_q[-1]))
+
+    def __call__(self, load: float | np.ndarray) -> np.ndarray:
+        """Latency at ``load`` (inf beyond capacity)."""
+        load = np.asarray(load, float)
+        if self.capacity <= 0:
+            return np.full(load.shape, INF)
+        value = np.interp(load, self.qps, self.latency)
+        return np.where(load > self.capacity * (1 + 1e-9), INF, value)
+
+    def max_load(self, latency: float) -> float:
+        """Highest load whose latency stays within ``latency`` (0 if even the lightest load exceeds it)."""
+        if self.capacity <= 0 or latency < self.latency[0]:
+            return 0.0
+        if latency >= self.latency[-1]:
+            return self.capacity
+        # first grid index whose latency exceeds the bound; interpolate inside that segment
+        j = int(np.searchsorted(self.latency, latency, side="right"))
+        l0, l1, q0, q1 = self.latency[j - 1], self.latency[j], self.qps[j - 1], self.qps[j]
+        return float(q0 + (q1 - q0) * (latency - l0) / (l1 - l0)) if l1 > l0 else float(q1)
+
+
+def best_split(total_qps: float, curves: list[LatencyCurve], tolerance: float = 1e-6) -> tuple[np.ndarray, float]:
+    """The load split over replicas that minimises the largest replica latency (BOUTE section 5.1).
+
+    Bisects on the latency bound T: each replica takes the most load it can within T, and the smallest T whose
+    loads add up to ``total_qps`` wins. Every evaluation is a curve look-up, so this is cheap.
+
+    Returns:
+        ``(loads, latency)``: load per replica (summing to ``total_qps``) and the largest replica latency; the
+        latency is inf when the replicas together cannot carry the load (loads then follow capacities).
+
+    Raises:
+        SimulationError: for a non-positive load or no replicas.
+    """
+    if total_qps <= 0 or not curves:
+        raise SimulationError("best_split needs a positive load and at least one replica")
+    capacities = np.asarray([c.capacity for c in curves])
+    if capacities.sum() < total_qps:
+        share = capacities / capacities.sum() if capacities.sum() > 0 else np.full(len(curves), 1 / len(curves))
+        return share * total_qps, INF
+    lo = min(float(c.latency[0]) for c in curves if c.capacity > 0)
+    hi = max(float(c.latency[-1]) for c in curves if c.capacity > 0)
+    for _ in range(200):
+        if hi - lo <= tolerance * max(hi, 1e-12):
+            break
+        mid = 0.5 * (lo + hi)
+        if sum(c.max_load(mid) for c in curves) >= total_qps:
+            hi = mid
+        else:
+            lo = mid
+    loads = np.asarray([c.max_load(hi) for c in curves])
+    loads *= total_qps / loads.sum()
+    return loads, float(max(c(q) for c, q in zip(curves, loads, strict=True) if q > 0))

@@ -1,0 +1,153 @@
+"""The performance database (BOUTE's offline phase): latency and throughput of every feasible deployment of each
+model on each GPU type, at every load of a grid.
+
+One row per (model, GPU, TP, PP, layers held, QPS). Layouts whose weights do not fit, or whose TP leaves one node's
+fast links, are pruned. Loads are swept upward; once a deployment saturates (it completes fewer requests per second
+than it is offered), the higher loads are recorded as saturated without simulating them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from exitplan.catalog import Catalog, Gpu, Model
+from exitplan.config import EngineParams
+from exitplan.errors import SimulationError
+from exitplan.simulator.cost_model import ReplicaSpec, validate_parallelism
+from exitplan.simulator.curve import LatencyCurve
+from exitplan.simulator.metrics import summarize
+from exitplan.simulator.replica import ReplicaSimulator, RequestSet, kv_capacity_blocks
+from exitplan.simulator.requests import sample_lengths
+from exitplan.workload.arrivals import poisson_arrivals
+
+SATURATION = 0.95
+"""A load is saturated when the completed requests per second fall below this share of the offered rate."""
+
+LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One deployment of a replica: GPU type, TP, PP and layers held."""
+
+    gpu: str
+    tp: int
+    pp: int
+    layers: int
+
+
+def enumerate_layouts(model: Model, gpu: Gpu, max_gpus: int, layer_fractions: Sequence[float],
+                      engine: EngineParams) -> list[Layout]:
+    """Every feasible (TP, PP, layers) of ``model`` on ``gpu`` with TP x PP <= ``max_gpus``.
+
+    TP and PP are powers of two; TP stays within one node's fast links and divides the heads; layouts whose
+    weights leave no KV room are dropped (BOUTE's pruning rules).
+    """
+    layouts = []
+    for fraction in layer_fractions:
+        layers = max(1, round(model.num_layers * fraction))
+        tp = 1
+        while tp <= min(max_gpus, gpu.max_tensor_parallel):
+            pp = 1
+            while tp * pp <= max_gpus:
+                if not validate_parallelism(model, gpu, tp, pp, layers):
+                    try:
+                        kv_capacity_blocks(ReplicaSpec(model, gpu, tp, pp, layers), engine)
+                        layouts.append(Layout(gpu.id, tp, pp, layers))
+                    except SimulationError:
+                        pass
+                pp *= 2
+            tp *= 2
+    return layouts
+
+
+def _row(model: Model, gpu: Gpu, layout: Layout, qps: float, metrics: dict[str, Any] | None) -> dict[str, Any]:
+    row: dict[str, Any] = {"model": model.name, "gpu": gpu.id, "tp": layout.tp, "pp": layout.pp,
+                           "layers": layout.layers, "num_gpus": layout.tp * layout.pp,
+                           "cost_per_hour": layout.tp * layout.pp * gpu.price_per_hour, "qps": float(qps),
+                           "saturated": metrics is None or metrics["throughput_req_s"] < SATURATION * qps}
+    for name in LATENCY_METRICS:
+        for stat in ("mean", "p50", "p95", "p99"):
+            row[f"{name.removesuffix('_s')}_{stat}_s"] = np.nan if metrics is None else metrics[name][stat]
+    for key in ("throughput_req_s", "throughput_out_tok_s", "kv_utilisation", "preemptions"):
+        row[key] = np.nan if metrics is None else metrics[key]
+    return row
+
+
+def sweep_layout(model: Model, gpu: Gpu, layout: Layout, engine: EngineParams, qps_grid: Sequence[float],
+                 lengths: tuple[np.ndarray, np.ndarray], num_requests: int, seed: int) -> list[dict[str, Any]]:
+    """Simulate one layout at every load of the grid (ascending), stopping at saturation."""
+    sim = ReplicaSimulator(ReplicaSpec(model, gpu, layout.tp, layout.pp, layout.layers), engine)
+    prompts, outputs = sample_lengths(lengths[0], lengths[1], num_requests, seed)
+    unit = poisson_arrivals(num_requests, 1.0, np.random.default_rng([seed, 29]))
+    rows, saturated = [], False
+    for qps in sorted(qps_grid):
+        metrics = None
+        if not saturated:
+            # Common random numbers: the same arrival pattern scaled to each load keeps the curve smooth.
+            metrics = summarize([sim.run(RequestSet(unit / qps, prompts, outputs))])
+        row = _row(model, gpu, layout, qps, metrics)
+        saturated = bool(row["saturated"])
+        rows.append(row)
+    return rows
+
+
+def build_perf_db(catalog: Catalog, models: Iterable[str], gpus: Iterable[str], engine: EngineParams,
+                  qps_grid: Sequence[float], lengths: tuple[np.ndarray, np.ndarray], num_requests: int,
+                  seed: int = 0, max_gpus_per_replica: int = 8, layer_fractions: Sequence[float] = (1.0,),
+                  progress: Callable[[str], None] | None = None) -> Any:
+    """The perf DB as a DataFrame (one row per model x layout x load).
+
+    Args:
+        catalog: GPUs and models.
+        models: Hugging Face ids to include.
+        gpus: GPU ids to include.
+        engine: Engine knobs of every replica.
+        qps_grid: Loads in requests per second.
+        lengths: Observed (prompt, output) token lengths to sample requests from.
+        num_requests: Requests per grid point.
+        seed: Seed of lengths and arrivals.
+        max_gpus_per_replica: Largest TP x PP considered.
+        layer_fractions: Shares of the layers held (1.0 = full model; less = partial early-exit replicas).
+        progress: Called with a line per layout swept.
+
+    Raises:
+        SimulationError: if no layout of a model fits any of the GPUs.
+    """
+    import pandas as pd
+
+    rows: list[dict[str, Any]] = []
+    for name in models:
+        model = catalog.model(name)
+        if not isinstance(model, Model):
+            raise SimulationError(f"{name} is not a decoder model")
+        found = 0
+        for gpu_id in gpus:
+            gpu = catalog.gpu(gpu_id)
+            for layout in enumerate_layouts(model, gpu, max_gpus_per_replica, layer_fractions, engine):
+                rows.extend(sweep_layout(model, gpu, layout, engine, qps_grid, lengths, num_requests, seed))
+                found += 1
+                if progress:
+                    progress(f"{name} on {gpu_id} tp={layout.tp} pp={layout.pp} layers={layout.layers}")
+        if not found:
+            raise SimulationError(f"no layout of {name} fits on any of {list(gpus)}")
+    return pd.DataFrame(rows)
+
+
+def curve_of(db: Any, model: str, gpu: str, tp: int, pp: int, layers: int | None = None,
+             metric: str = "e2e_p95_s") -> LatencyCurve:
+    """The monotone latency-vs-load curve of one deployment in the perf DB.
+
+    Raises:
+        SimulationError: if the perf DB has no such deployment.
+    """
+    rows = db[(db["model"] == model) & (db["gpu"] == gpu) & (db["tp"] == tp) & (db["pp"] == pp)]
+    if layers is not None:
+        rows = rows[rows["layers"] == layers]
+    if rows.empty:
+        raise SimulationError(f"perf DB has no {model} on {gpu} at tp={tp} pp={pp} layers={layers}")
+    return LatencyCurve.from_points(rows["qps"].to_numpy(), rows[metric].to_numpy(), rows["saturated"].to_numpy())
