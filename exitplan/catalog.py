@@ -297,6 +297,12 @@ class Catalog(StrictModel):
                 problems.append(f"fetch_models.models.{i}: '{name}' is not in the catalog")
             elif entry.source is None:
                 problems.append(f"fetch_models.models.{i}: '{name}' has no source to fetch (simulated only)")
+        for i, name in enumerate(params.build_perf_db.models):
+            if not isinstance(self._models.get(name), Model):
+                problems.append(f"build_perf_db.models.{i}: '{name}' is not a decoder model of the catalog")
+        for i, gpu in enumerate(params.build_perf_db.gpus):
+            if gpu not in self._gpus:
+                problems.append(f"build_perf_db.gpus.{i}: unknown GPU '{gpu}'; known: {sorted(self._gpus)}")
         tokenizer = params.prepare_workload.tokenizer_model
         if tokenizer not in params.fetch_models.models:
             problems.append(f"prepare_workload.tokenizer_model: '{tokenizer}' is not in fetch_models.models")

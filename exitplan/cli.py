@@ -155,6 +155,17 @@ def stage_prepare_workload(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
                   f"in {loaded.path(loaded.prepare_workload.output_dir)}")
 
 
+@stage_app.command("build-perf-db")
+def stage_build_perf_db(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
+    """Simulate every feasible deployment of the scenario models at every load of the grid."""
+    from exitplan.stages import build_perf_db
+
+    loaded = _params(params)
+    metrics = build_perf_db.main(loaded)
+    console.print(f"perf DB: {metrics['rows']} rows, {metrics['deployments']} deployments "
+                  f"in {metrics['build_s']:.1f} s -> {loaded.path(loaded.build_perf_db.output_dir)}")
+
+
 def main() -> None:
     """Console-script entry point: run the app, turning an :class:`ExitplanError` into a message and exit 2."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

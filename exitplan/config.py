@@ -183,6 +183,54 @@ class SimulatorParams(StrictModel):
     """vLLM-style engine knobs."""
 
 
+class BuildPerfDbParams(StrictModel):
+    """Stage ``build_perf_db``: simulate every feasible deployment of the scenario models at every load."""
+
+    models: list[str] = Field(min_length=1)
+    """Catalog models of the scenarios (not the whole catalog)."""
+
+    gpus: list[str] = Field(min_length=1)
+    """Catalog GPU types to deploy them on."""
+
+    qps: list[float] = Field(default_factory=lambda: [float(q) for q in range(2, 41, 2)], min_length=1)
+    """Load grid in requests per second (BOUTE: 2, 4, ..., 40)."""
+
+    requests_per_point: int = Field(default=1000, ge=50, le=1_000_000)
+    """Requests simulated at each grid point: enough for a stable P99. Cost: about 0.1 s per point."""
+
+    lengths_trace: str = "gsm8k-100qps"
+    """Trace of ``prepare_workload.traces`` whose (prompt, output) lengths the requests are drawn from."""
+
+    max_gpus_per_replica: int = Field(default=8, ge=1, le=64)
+    """Largest TP x PP of one replica."""
+
+    layer_fractions: list[float] = Field(default_factory=lambda: [1.0], min_length=1)
+    """Shares of the layers a replica holds (1.0 = full model; below 1: partial early-exit replicas)."""
+
+    seed: int = Field(default=0, ge=0)
+    """Seed of the sampled lengths and arrivals."""
+
+    workers: int = Field(default=2, ge=1, le=64)
+    """Processes that sweep layouts in parallel."""
+
+    output_dir: str = "data/perf_db"
+    """Folder of ``perf_db.parquet`` (a DVC output)."""
+
+    @field_validator("qps", "layer_fractions")
+    @classmethod
+    def _positive(cls, values: list[float]) -> list[float]:
+        if any(v <= 0 for v in values):
+            raise ValueError("every value must be > 0")
+        return values
+
+    @field_validator("layer_fractions")
+    @classmethod
+    def _at_most_one(cls, values: list[float]) -> list[float]:
+        if any(v > 1 for v in values):
+            raise ValueError("layer fractions are at most 1.0")
+        return values
+
+
 class Params(StrictModel):
     """The whole ``params.yaml``."""
 
@@ -201,7 +249,18 @@ class Params(StrictModel):
     simulator: SimulatorParams = Field(default_factory=SimulatorParams)
     """The inference simulator."""
 
+    build_perf_db: BuildPerfDbParams
+    """Stage ``build_perf_db``."""
+
     _root: Path = PrivateAttr(default_factory=Path.cwd)
+
+    @model_validator(mode="after")
+    def _perf_db_trace_exists(self) -> Params:
+        traces = [t.name for t in self.prepare_workload.traces]
+        if self.build_perf_db.lengths_trace not in traces:
+            raise ValueError(f"build_perf_db.lengths_trace '{self.build_perf_db.lengths_trace}' is not one of the "
+                             f"prepare_workload traces {traces}")
+        return self
 
     @property
     def root(self) -> Path:

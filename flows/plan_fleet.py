@@ -13,7 +13,7 @@ from prefect import flow, get_run_logger
 from exitplan.pipeline import ReproResult
 from tasks.pipeline import check_config, repro_stage
 
-STAGES = ("fetch_models", "prepare_workload")
+STAGES = ("fetch_models", "prepare_workload", "build_perf_db")
 """The file-to-file stages of dvc.yaml, in order."""
 
 
@@ -29,7 +29,8 @@ def plan_fleet(params_path: str = "params.yaml", stages: list[str] | None = None
 exitplan plan_fleet finished. Outputs:
   model checkpoints  {params.path(params.fetch_models.checkpoint_dir)}
   workloads          {params.path(params.prepare_workload.output_dir)} (queries.parquet, trace_*.parquet)
-  metrics            reports/  (`dvc metrics show`)
+  perf DB            {params.path(params.build_perf_db.output_dir)} (perf_db.parquet; plots: reports/build_perf_db/plots)
+  metrics            reports/  (`dvc metrics show`, `dvc plots show`)
   runs               MLflow: `mlflow ui --backend-store-uri sqlite:///{params.root / 'mlflow.db'}`
 """)
     return results

@@ -96,10 +96,15 @@ def sweep_layout(model: Model, gpu: Gpu, layout: Layout, engine: EngineParams, q
     return rows
 
 
+def _sweep_job(job: tuple) -> list[dict[str, Any]]:
+    """Picklable wrapper of :func:`sweep_layout` for worker processes."""
+    return sweep_layout(*job)
+
+
 def build_perf_db(catalog: Catalog, models: Iterable[str], gpus: Iterable[str], engine: EngineParams,
                   qps_grid: Sequence[float], lengths: tuple[np.ndarray, np.ndarray], num_requests: int,
                   seed: int = 0, max_gpus_per_replica: int = 8, layer_fractions: Sequence[float] = (1.0,),
-                  progress: Callable[[str], None] | None = None) -> Any:
+                  workers: int = 1, progress: Callable[[str], None] | None = None) -> Any:
     """The perf DB as a DataFrame (one row per model x layout x load).
 
     Args:
@@ -113,6 +118,7 @@ def build_perf_db(catalog: Catalog, models: Iterable[str], gpus: Iterable[str], 
         seed: Seed of lengths and arrivals.
         max_gpus_per_replica: Largest TP x PP considered.
         layer_fractions: Shares of the layers held (1.0 = full model; less = partial early-exit replicas).
+        workers: Processes sweeping layouts in parallel (1 = in this process).
         progress: Called with a line per layout swept.
 
     Raises:
@@ -120,22 +126,39 @@ def build_perf_db(catalog: Catalog, models: Iterable[str], gpus: Iterable[str], 
     """
     import pandas as pd
 
-    rows: list[dict[str, Any]] = []
+    gpus = list(gpus)
+    jobs = []
     for name in models:
         model = catalog.model(name)
         if not isinstance(model, Model):
             raise SimulationError(f"{name} is not a decoder model")
-        found = 0
-        for gpu_id in gpus:
-            gpu = catalog.gpu(gpu_id)
-            for layout in enumerate_layouts(model, gpu, max_gpus_per_replica, layer_fractions, engine):
-                rows.extend(sweep_layout(model, gpu, layout, engine, qps_grid, lengths, num_requests, seed))
-                found += 1
+        layouts = [(catalog.gpu(g), layout) for g in gpus
+                   for layout in enumerate_layouts(model, catalog.gpu(g), max_gpus_per_replica, layer_fractions,
+                                                   engine)]
+        if not layouts:
+            raise SimulationError(f"no layout of {name} fits on any of {gpus}")
+        jobs.extend((model, gpu, layout, engine, list(qps_grid), lengths, num_requests, seed)
+                    for gpu, layout in layouts)
+    rows: list[dict[str, Any]] = []
+    if workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for job, result in zip(jobs, pool.map(_sweep_job, jobs, chunksize=2), strict=True):
+                rows.extend(result)
                 if progress:
-                    progress(f"{name} on {gpu_id} tp={layout.tp} pp={layout.pp} layers={layout.layers}")
-        if not found:
-            raise SimulationError(f"no layout of {name} fits on any of {list(gpus)}")
+                    progress(_describe(job))
+    else:
+        for job in jobs:
+            rows.extend(_sweep_job(job))
+            if progress:
+                progress(_describe(job))
     return pd.DataFrame(rows)
+
+
+def _describe(job: tuple) -> str:
+    model, gpu, layout = job[:3]
+    return f"{model.name} on {gpu.id} tp={layout.tp} pp={layout.pp} layers={layout.layers}"
 
 
 def curve_of(db: Any, model: str, gpu: str, tp: int, pp: int, layers: int | None = None,

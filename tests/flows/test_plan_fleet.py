@@ -25,6 +25,8 @@ def _small_params(repo: Path) -> dict:
     workload.update(tokenizer_model=SMOLLM2, datasets=["gsm8k", "humaneval"], max_queries_per_dataset=40)
     workload["traces"] = [{"name": "small", "arrival": "gamma", "burstiness": 0.5, "qps": 5.0,
                            "num_requests": 60, "mix": {"gsm8k": 0.5, "humaneval": 0.5}}]
+    tree["build_perf_db"].update(models=[SMOLLM2, "meta-llama/Llama-2-7b-hf"], gpus=["rtx-4090"], qps=[1.0, 4.0],
+                                 requests_per_point=50, lengths_trace="small", max_gpus_per_replica=2, workers=1)
     return tree
 
 
@@ -51,9 +53,13 @@ def flow_results(repo: Path, prefect_harness: None):
 
 
 def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) -> None:
-    assert [r.target for r in flow_results] == ["fetch_models", "prepare_workload"]
+    assert [r.target for r in flow_results] == ["fetch_models", "prepare_workload", "build_perf_db"]
     assert flow_results[0].ran == [f"fetch_models@{SMOLLM2}"]
     assert flow_results[1].ran == ["prepare_workload"]
+    assert flow_results[2].ran == ["build_perf_db"]
+    db = pd.read_parquet(repo / "data" / "perf_db" / "perf_db.parquet")
+    assert set(db["model"]) == {SMOLLM2, "meta-llama/Llama-2-7b-hf"} and set(db["qps"]) == {1.0, 4.0}
+    assert (repo / "reports" / "build_perf_db" / "plots").is_dir()
     assert (repo / "model_repository" / "checkpoints" / SMOLLM2 / "model.safetensors").is_file()
     trace = pd.read_parquet(repo / "data" / "workload" / "trace_small.parquet")
     assert len(trace) == 60 and set(trace["dataset"]) == {"gsm8k", "humaneval"}
@@ -68,7 +74,7 @@ def test_stage_runs_are_tracked_in_mlflow(repo: Path, flow_results) -> None:
     experiment = client.get_experiment_by_name("exitplan")
     runs = client.search_runs([experiment.experiment_id])
     by_name = {r.info.run_name: r for r in runs}
-    assert set(by_name) == {f"fetch_models:{SMOLLM2}", "prepare_workload"}
+    assert set(by_name) == {f"fetch_models:{SMOLLM2}", "prepare_workload", "build_perf_db"}
     assert by_name["prepare_workload"].data.metrics["num_queries"] == 80
     assert by_name["prepare_workload"].data.params["seed"] == "0"
 
@@ -80,8 +86,8 @@ def test_second_repro_does_nothing_and_a_param_change_reruns_only_its_stage(repo
     tree = yaml.safe_load((repo / "params.yaml").read_text())
     tree["prepare_workload"]["seed"] = 1
     (repo / "params.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
-    changed = repro("prepare_workload", repo)
-    assert changed.ran == ["prepare_workload"]
+    changed = repro("build_perf_db", repo)
+    assert changed.ran == ["prepare_workload", "build_perf_db"]
 
 
 def test_a_failing_stage_raises_with_dvcs_words(repo: Path) -> None:

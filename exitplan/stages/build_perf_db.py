@@ -1,0 +1,82 @@
+"""Stage ``build_perf_db``: the performance database, its latency-vs-load plots and metrics."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from exitplan.atomic import write_atomic, write_json, write_parquet
+from exitplan.catalog import load_catalog
+from exitplan.config import Params
+from exitplan.errors import WorkloadError
+from exitplan.simulator.perf_db import build_perf_db
+from exitplan.tracking import log_stage_run
+
+STAGE = "build_perf_db"
+DB_FILE = "perf_db.parquet"
+CURVES_FILE = "curves.csv"
+
+
+def _lengths(params: Params) -> tuple[Any, Any]:
+    import pandas as pd
+
+    name = params.build_perf_db.lengths_trace
+    path = params.path(params.prepare_workload.output_dir) / f"trace_{name}.parquet"
+    if not path.is_file():
+        raise WorkloadError(f"no trace at {path}: run the prepare_workload stage first")
+    trace = pd.read_parquet(path, columns=["prompt_len", "output_len"])
+    return trace["prompt_len"].to_numpy(), trace["output_len"].to_numpy()
+
+
+def plot_curves(db: Any, out_dir: Path) -> list[Path]:
+    """One PNG per model: P95 end-to-end latency vs load, a line per deployment (unsaturated points only)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for model, rows in db.groupby("model", sort=True):
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for (gpu, tp, pp, layers), curve in rows[~rows["saturated"]].groupby(["gpu", "tp", "pp", "layers"]):
+            ax.plot(curve["qps"], curve["e2e_p95_s"], marker=".", linewidth=1,
+                    label=f"{gpu} tp{tp} pp{pp}" + ("" if layers == rows["layers"].max() else f" l{layers}"))
+        ax.set(xlabel="load (requests/s)", ylabel="P95 end-to-end latency (s)", yscale="log", title=model)
+        ax.legend(fontsize=6, ncol=2)
+        path = out_dir / (re.sub(r"[^\w.-]+", "_", model) + ".png")
+        write_atomic(path, lambda tmp, fig=fig: fig.savefig(tmp, dpi=100, format="png"))
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def main(params: Params) -> dict[str, Any]:
+    """Build ``<output_dir>/perf_db.parquet``, ``reports/build_perf_db/`` (metrics, curves CSV, PNG plots)."""
+    section = params.build_perf_db
+    catalog = load_catalog(params.path(params.catalog))
+    lengths = _lengths(params)
+    started = time.perf_counter()
+    db = build_perf_db(catalog, section.models, section.gpus, params.simulator.engine, section.qps, lengths,
+                       section.requests_per_point, section.seed, section.max_gpus_per_replica,
+                       section.layer_fractions, section.workers)
+    seconds = time.perf_counter() - started
+    reports = params.path("reports") / STAGE
+    write_parquet(params.path(section.output_dir) / DB_FILE, db)
+    curves = db[~db["saturated"]][["model", "gpu", "tp", "pp", "layers", "qps", "e2e_p95_s", "ttft_p95_s",
+                                   "tpot_p95_s"]].assign(deployment=lambda f: f["gpu"] + " tp" + f["tp"].astype(str)
+                                                         + " pp" + f["pp"].astype(str))
+    write_atomic(reports / CURVES_FILE, lambda tmp: curves.to_csv(tmp, index=False))
+    plots = plot_curves(db, reports / "plots")
+    capacity = db[~db["saturated"]].groupby(["model", "gpu"])["qps"].max()
+    metrics = {
+        "rows": int(len(db)),
+        "deployments": int(db.groupby(["model", "gpu", "tp", "pp", "layers"]).ngroups),
+        "saturated_share": float(db["saturated"].mean()),
+        "build_s": seconds,
+        "max_sustained_qps": {f"{m}|{g}": float(q) for (m, g), q in capacity.items()},
+    }
+    report = write_json(reports / "metrics.json", metrics)
+    log_stage_run(STAGE, params.tracking, params.root, section.model_dump(), metrics, [report, *plots])
+    return metrics
