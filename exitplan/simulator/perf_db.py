@@ -25,7 +25,8 @@ from exitplan.simulator.requests import sample_lengths
 from exitplan.workload.arrivals import poisson_arrivals
 
 SATURATION = 0.95
-"""A load is saturated when the completed requests per second fall below this share of the offered rate."""
+"""A load is saturated when the completed requests per second fall below this share of the rate at which the
+requests actually arrived (the realised rate of the sampled arrivals, not the nominal one)."""
 
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s")
 
@@ -65,11 +66,12 @@ def enumerate_layouts(model: Model, gpu: Gpu, max_gpus: int, layer_fractions: Se
     return layouts
 
 
-def _row(model: Model, gpu: Gpu, layout: Layout, qps: float, metrics: dict[str, Any] | None) -> dict[str, Any]:
+def _row(model: Model, gpu: Gpu, layout: Layout, qps: float, metrics: dict[str, Any] | None,
+         arrived_qps: float) -> dict[str, Any]:
     row: dict[str, Any] = {"model": model.name, "gpu": gpu.id, "tp": layout.tp, "pp": layout.pp,
                            "layers": layout.layers, "num_gpus": layout.tp * layout.pp,
                            "cost_per_hour": layout.tp * layout.pp * gpu.price_per_hour, "qps": float(qps),
-                           "saturated": metrics is None or metrics["throughput_req_s"] < SATURATION * qps}
+                           "saturated": metrics is None or metrics["throughput_req_s"] < SATURATION * arrived_qps}
     for name in LATENCY_METRICS:
         for stat in ("mean", "p50", "p95", "p99"):
             row[f"{name.removesuffix('_s')}_{stat}_s"] = np.nan if metrics is None else metrics[name][stat]
@@ -84,13 +86,14 @@ def sweep_layout(model: Model, gpu: Gpu, layout: Layout, engine: EngineParams, q
     sim = ReplicaSimulator(ReplicaSpec(model, gpu, layout.tp, layout.pp, layout.layers), engine)
     prompts, outputs = sample_lengths(lengths[0], lengths[1], num_requests, seed)
     unit = poisson_arrivals(num_requests, 1.0, np.random.default_rng([seed, 29]))
+    unit_rate = (num_requests - 1) / (unit[-1] - unit[0])
     rows, saturated = [], False
     for qps in sorted(qps_grid):
         metrics = None
         if not saturated:
             # Common random numbers: the same arrival pattern scaled to each load keeps the curve smooth.
             metrics = summarize([sim.run(RequestSet(unit / qps, prompts, outputs))])
-        row = _row(model, gpu, layout, qps, metrics)
+        row = _row(model, gpu, layout, qps, metrics, unit_rate * qps)
         saturated = bool(row["saturated"])
         rows.append(row)
     return rows
