@@ -8,6 +8,7 @@ git-ignored); ``$MLFLOW_TRACKING_URI`` or ``tracking.tracking_uri`` in params ov
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,14 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def metric_name(key: str) -> str:
+    """A key made acceptable to MLflow (alphanumerics, ``_ - . : /`` and spaces; others become ``_``)."""
+    return re.sub(r"[^\w\-.:/ ]", "_", key)
+
+
 def _numeric(metrics: Mapping[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in flatten(metrics).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {metric_name(k): float(v) for k, v in flatten(metrics).items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def log_stage_run(stage: str, settings: TrackingParams, root: Path, params: Mapping[str, Any],

@@ -75,7 +75,7 @@ def main(params: Params) -> dict[str, Any]:
         "deployments": int(db.groupby(["model", "gpu", "tp", "pp", "layers"]).ngroups),
         "saturated_share": float(db["saturated"].mean()),
         "build_s": seconds,
-        "max_sustained_qps": {f"{m}|{g}": float(q) for (m, g), q in capacity.items()},
+        "max_sustained_qps": {f"{m}:{g}": float(q) for (m, g), q in capacity.items()},
     }
     report = write_json(reports / "metrics.json", metrics)
     log_stage_run(STAGE, params.tracking, params.root, section.model_dump(), metrics, [report, *plots])

@@ -1,0 +1,68 @@
+"""How close the simulator is to published measurements (and, later, to figures measured on a lent GPU).
+
+Each reference point in ``benchmarks/simulator_reference.csv`` names its source (URL, table, configuration) and is
+replayed through the same code path as ``exitplan simulate``. The relative error of each is printed; the target is
+<= 10% on low-load TTFT and TPOT (and end-to-end latency at a small fixed batch, which is TPOT-dominated).
+
+Usage:
+    python benchmarks/simulator_fidelity.py [--quick]
+
+Last line: ``RESULT fidelity_median_err=... fidelity_max_err=...`` (relative errors, as fractions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from exitplan import REPO_ROOT  # noqa: E402
+from exitplan.catalog import load_catalog  # noqa: E402
+from exitplan.config import load_params  # noqa: E402
+from exitplan.simulator.cluster import simulate_cluster  # noqa: E402
+from exitplan.simulator.cost_model import ReplicaSpec  # noqa: E402
+from exitplan.simulator.metrics import summarize  # noqa: E402
+from exitplan.simulator.replica import ReplicaSimulator  # noqa: E402
+from exitplan.simulator.requests import generate_requests  # noqa: E402
+
+REFERENCE = Path(__file__).with_name("simulator_reference.csv")
+METRICS = {"e2e_mean": ("e2e_s", "mean"), "ttft_mean": ("ttft_s", "mean"), "tpot_mean": ("tpot_s", "mean"),
+           "e2e_p50": ("e2e_s", "p50"), "ttft_p50": ("ttft_s", "p50"), "tpot_p50": ("tpot_s", "p50")}
+
+
+def simulate_point(row: dict[str, str]) -> float:
+    """The simulator's value of one reference point's metric."""
+    params = load_params(REPO_ROOT / "params.yaml")
+    catalog = load_catalog(params.path(params.catalog))
+    spec = ReplicaSpec(catalog.model(row["model"]), catalog.gpu(row["gpu"]), int(row["tp"]), int(row["pp"]))
+    requests = generate_requests(int(row["requests"]), float(row.get("qps") or 1.0), int(row["prompt_len"]),
+                                 int(row["output_len"]), arrival=row["arrival"])
+    metrics = summarize(simulate_cluster(requests, [ReplicaSimulator(spec, params.simulator.engine)]))
+    section, stat = METRICS[row["metric"]]
+    return float(metrics[section][stat])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="same points (they are all cheap)")
+    parser.parse_args()
+    rows = list(csv.DictReader(REFERENCE.open()))
+    print(f"{'reference point':<36}{'metric':<10}{'measured s':>11}{'simulated s':>12}{'error':>9}")
+    errors = []
+    for row in rows:
+        measured = float(row["value_s"])
+        simulated = simulate_point(row)
+        error = (simulated - measured) / measured
+        errors.append(abs(error))
+        print(f"{row['id'][:35]:<36}{row['metric']:<10}{measured:>11.4f}{simulated:>12.4f}{error:>+9.1%}")
+    print("sources: " + "; ".join(sorted({r["url"] for r in rows})))
+    print(f"RESULT fidelity_median_err={statistics.median(errors):.3f} fidelity_max_err={max(errors):.3f} "
+          f"points={len(errors)}")
+
+
+if __name__ == "__main__":
+    main()
