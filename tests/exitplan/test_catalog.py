@@ -75,7 +75,7 @@ def test_invalid_catalogs_are_rejected_with_the_key(tmp_path: Path, mutate, mess
 
 
 def test_unknown_gpu_and_model_lookups_name_the_known_ones(catalog: Catalog) -> None:
-    with pytest.raises(CatalogError, match=r"unknown GPU 'v100'; known: \['a100-80g'"):
+    with pytest.raises(CatalogError, match=r"unknown GPU 'v100'; known: \['a100-40g', 'a100-80g'"):
         catalog.gpu("v100")
     with pytest.raises(CatalogError, match="unknown model 'x/y'"):
         catalog.model("x/y")
