@@ -1,0 +1,119 @@
+"""Exit heads: the learned module that maps a layer's hidden state before the shared final norm and LM head.
+
+Kinds (a registry keyed by ``type``, see :data:`HEAD_KINDS`):
+
+- ``identity``: nothing learned; the plain final norm + LM head on an intermediate layer (the baseline).
+- ``affine``: ``h W + b`` fitted in closed form by ridge regression onto the final layer's hidden state (a
+  "tuned lens"); cheap, but weak at shallow exits on Qwen.
+- ``block``: one decoder layer (initialised from the next layer's weights), followed like every head by the model's
+  final RMS norm, trained with the backbone frozen by distillation from the final layer on the teacher's top-k
+  logits (EE-Tuning's recipe).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class IdentityHead(nn.Module):
+    """No mapping: the final norm and LM head see the layer's hidden state as it is."""
+
+    kind = "identity"
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``batch x seq x d`` -> the same."""
+        return hidden
+
+
+class AffineHead(nn.Module):
+    """``h -> h W + b`` with ``W`` (``d x d``) and ``b`` fitted by ridge regression.
+
+    Args:
+        hidden_size: Model width ``d``.
+    """
+
+    kind = "affine"
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        with torch.no_grad():
+            self.linear.weight.copy_(torch.eye(hidden_size))
+            self.linear.bias.zero_()
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``batch x seq x d`` -> ``batch x seq x d``."""
+        return self.linear(hidden)
+
+    @torch.no_grad()
+    def fit(self, inputs: torch.Tensor, targets: torch.Tensor, ridge: float = 1e-2) -> AffineHead:
+        """Least squares with an L2 penalty towards the identity map.
+
+        Args:
+            inputs: Hidden states at the exit layer, ``n x d``.
+            targets: Hidden states of the final layer for the same tokens, ``n x d``.
+            ridge: Penalty, relative to the mean diagonal of the input covariance.
+        """
+        x = inputs.double()
+        y = targets.double()
+        x_mean, y_mean = x.mean(0), y.mean(0)
+        xc, yc = x - x_mean, y - y_mean
+        gram = xc.T @ xc
+        lam = ridge * gram.diagonal().mean()
+        eye = torch.eye(x.shape[1], dtype=torch.float64)
+        # Shrink towards W = I (the identity head) rather than towards 0: argmin |XW - Y|^2 + lam |W - I|^2.
+        weight = torch.linalg.solve(gram + lam * eye, xc.T @ yc + lam * eye)
+        bias = y_mean - x_mean @ weight
+        self.linear.weight.copy_(weight.T.to(self.linear.weight.dtype))
+        self.linear.bias.copy_(bias.to(self.linear.bias.dtype))
+        return self
+
+
+class BlockHead(nn.Module):
+    """One decoder layer run on the exit layer's hidden states of the whole sequence (the final norm follows).
+
+    Args:
+        layer: A decoder layer to copy (the layer after the exit, EE-Tuning's initialisation).
+        rotary: The model's rotary embedding module (shared, not trained).
+    """
+
+    kind = "block"
+
+    def __init__(self, layer: nn.Module, rotary: nn.Module) -> None:
+        super().__init__()
+        self.layer = copy.deepcopy(layer)
+        self._rotary = [rotary]  # kept out of the module tree: not a parameter of the head
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``batch x seq x d`` -> ``batch x seq x d`` (causal attention over the sequence, no padding)."""
+        positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0).expand(hidden.shape[0], -1)
+        cos_sin = self._rotary[0](hidden, positions)
+        out = self.layer(hidden, attention_mask=None, position_ids=positions, position_embeddings=cos_sin)
+        return out[0] if isinstance(out, tuple) else out
+
+
+HEAD_KINDS = ("identity", "affine", "block")
+"""Exit-head kinds, by ``type`` name."""
+
+
+def make_head(kind: str, model: Any, exit_layer: int) -> nn.Module:
+    """A new, untrained head of ``kind`` for the exit after layer ``exit_layer`` (1-based) of ``model``.
+
+    ``model`` is an :class:`exitplan.earlyexit.partial_model.EarlyExitLM`; a block head copies the layer after the
+    exit (or the last held layer when the exit is the deepest held one).
+    """
+    from exitplan.errors import ExitplanError
+
+    inner = model.model.model
+    if kind == "identity":
+        return IdentityHead()
+    if kind == "affine":
+        return AffineHead(model.full_config.hidden_size)
+    if kind == "block":
+        source = inner.layers[min(exit_layer, len(inner.layers) - 1)]
+        return BlockHead(source, inner.rotary_emb)
+    raise ExitplanError(f"unknown exit head kind '{kind}'; known: {list(HEAD_KINDS)}")

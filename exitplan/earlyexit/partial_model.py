@@ -1,0 +1,174 @@
+"""A causal LM that holds only its first ``layers`` decoder layers, exits at any of them, and loads the rest later.
+
+Built from a transformers checkpoint folder (safetensors + config, as ``fetch_models`` writes them). Only the tensors
+of the held layers (and the embeddings, final norm and LM head) are read from disk, so a partial model costs memory
+in proportion to its depth: HELIOS's greedy partial load. The final norm and LM head are shared by every exit; a
+per-exit module (see :mod:`exitplan.earlyexit.heads`) maps a layer's hidden state before them.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from exitplan.errors import ExitplanError
+
+LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def _weight_files(path: Path) -> list[Path]:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ExitplanError(f"no safetensors weights in {path}")
+    return files
+
+
+def _read_tensors(path: Path, keep: Any) -> dict[str, torch.Tensor]:
+    """Tensors of the checkpoint at ``path`` whose name passes ``keep`` (others are never read)."""
+    from safetensors import safe_open
+
+    tensors = {}
+    for file in _weight_files(path):
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if keep(name):
+                    tensors[name] = handle.get_tensor(name)
+    return tensors
+
+
+def _layer_index(name: str) -> int | None:
+    match = LAYER_KEY.match(name)
+    return int(match.group(1)) if match else None
+
+
+def _truncated_config(config: Any, layers: int) -> Any:
+    partial = copy.deepcopy(config)
+    partial.num_hidden_layers = layers
+    if getattr(partial, "layer_types", None) is not None:
+        partial.layer_types = list(config.layer_types)[:layers]
+    return partial
+
+
+class EarlyExitLM(nn.Module):
+    """A decoder-only LM holding its first ``held_layers`` layers, with exits after any of them.
+
+    Args:
+        model: A transformers causal LM whose ``model.layers`` are the held layers.
+        full_config: Config of the whole model (all layers).
+        checkpoint: Folder the weights came from (to load the remaining layers later), if any.
+    """
+
+    def __init__(self, model: nn.Module, full_config: Any, checkpoint: Path | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.full_config = full_config
+        self.checkpoint = checkpoint
+        self.exit_heads = nn.ModuleDict()
+
+    # --- construction ------------------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, path: str | Path, layers: int | None = None,
+                        dtype: torch.dtype = torch.float32) -> EarlyExitLM:
+        """Load the first ``layers`` layers (all by default) of the checkpoint at ``path``.
+
+        Raises:
+            ExitplanError: if ``layers`` is outside 1..num_hidden_layers or the folder has no weights.
+        """
+        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers.initialization import no_init_weights
+
+        path = Path(path)
+        config = AutoConfig.from_pretrained(str(path))
+        total = config.num_hidden_layers
+        layers = total if layers is None else layers
+        if not 1 <= layers <= total:
+            raise ExitplanError(f"layers must be in 1..{total} for {path} (got {layers})")
+        partial = _truncated_config(config, layers)
+        with no_init_weights():
+            model = AutoModelForCausalLM.from_config(partial, dtype=dtype)
+        state = _read_tensors(path, lambda n: (i := _layer_index(n)) is None or i < layers)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        tied = getattr(config, "tie_word_embeddings", False)
+        if unexpected or [k for k in missing if not (tied and k == "lm_head.weight")]:
+            raise ExitplanError(f"{path}: checkpoint does not match its config (missing {missing[:3]}, "
+                                f"unexpected {unexpected[:3]})")
+        if tied:
+            model.tie_weights()
+        return cls(model.eval().to(dtype), config, path)
+
+    # --- shape ---------------------------------------------------------------------------------------------------
+    @property
+    def held_layers(self) -> int:
+        """Decoder layers in memory."""
+        return len(self.model.model.layers)
+
+    @property
+    def num_layers(self) -> int:
+        """Decoder layers of the full model."""
+        return int(self.full_config.num_hidden_layers)
+
+    def load_remaining_layers(self) -> None:
+        """Read the layers not yet held from the checkpoint and append them, making the model whole.
+
+        Raises:
+            ExitplanError: if the model was not built from a checkpoint folder.
+        """
+        if self.held_layers == self.num_layers:
+            return
+        if self.checkpoint is None:
+            raise ExitplanError("this model was not loaded from a checkpoint; cannot load its remaining layers")
+        start = self.held_layers
+        layer_cls = type(self.model.model.layers[0])
+        reference = next(self.model.parameters())
+        state = _read_tensors(self.checkpoint, lambda n: (i := _layer_index(n)) is not None and i >= start)
+        # The running model's config carries the attention implementation chosen at load; widen it to all layers.
+        whole = _truncated_config(self.model.config, self.held_layers)
+        whole.num_hidden_layers = self.num_layers
+        if getattr(self.full_config, "layer_types", None) is not None:
+            whole.layer_types = list(self.full_config.layer_types)
+        for index in range(start, self.num_layers):
+            layer = layer_cls(whole, layer_idx=index)
+            prefix = f"model.layers.{index}."
+            layer.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+            self.model.model.layers.append(layer.to(dtype=reference.dtype).eval())
+        self.model.config.num_hidden_layers = self.num_layers
+        if getattr(whole, "layer_types", None) is not None:
+            self.model.config.layer_types = whole.layer_types
+
+    # --- forward -------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def layer_outputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Hidden state after each held layer (before the final norm); each ``batch x seq x d``."""
+        captured: list[torch.Tensor] = []
+
+        def grab(_module: nn.Module, _inputs: Any, output: Any) -> None:
+            captured.append(output[0] if isinstance(output, tuple) else output)
+
+        hooks = [layer.register_forward_hook(grab) for layer in self.model.model.layers]
+        try:
+            self.model.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return captured
+
+    def exit_logits(self, hidden: torch.Tensor, exit_layer: int) -> torch.Tensor:
+        """Logits at the exit after layer ``exit_layer`` (1-based) from that layer's hidden state.
+
+        The exit's own head (if one is registered for this layer) maps the hidden state first; then the model's
+        final norm and LM head apply. The last layer of the full model needs no head.
+        """
+        head = self.exit_heads[str(exit_layer)] if str(exit_layer) in self.exit_heads else None
+        mapped = head(hidden) if head is not None else hidden
+        return self.model.lm_head(self.model.model.norm(mapped))
+
+    def add_exit_head(self, exit_layer: int, head: nn.Module) -> None:
+        """Register the exit head used after layer ``exit_layer`` (1-based)."""
+        if not 1 <= exit_layer <= self.num_layers:
+            raise ExitplanError(f"exit layer {exit_layer} outside 1..{self.num_layers}")
+        self.exit_heads[str(exit_layer)] = head
