@@ -303,6 +303,9 @@ class Catalog(StrictModel):
         for i, gpu in enumerate(params.build_perf_db.gpus):
             if gpu not in self._gpus:
                 problems.append(f"build_perf_db.gpus.{i}: unknown GPU '{gpu}'; known: {sorted(self._gpus)}")
+        for i, name in enumerate(params.train_exits.models):
+            if name not in params.fetch_models.models:
+                problems.append(f"train_exits.models.{i}: '{name}' is not in fetch_models.models")
         tokenizer = params.prepare_workload.tokenizer_model
         if tokenizer not in params.fetch_models.models:
             problems.append(f"prepare_workload.tokenizer_model: '{tokenizer}' is not in fetch_models.models")

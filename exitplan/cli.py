@@ -166,6 +166,20 @@ def stage_build_perf_db(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
                   f"in {metrics['build_s']:.1f} s -> {loaded.path(loaded.build_perf_db.output_dir)}")
 
 
+@stage_app.command("train-exits")
+def stage_train_exits(
+    model: Annotated[str, typer.Option(help="Hugging Face id of the model (one of train_exits.models).")],
+    params: ParamsOption = Path(DEFAULT_PARAMS),
+) -> None:
+    """Fit exit heads of every kind at every exit of one model; write the exit checkpoint and metrics."""
+    from exitplan.stages import train_exits
+
+    loaded = _params(params)
+    summary = train_exits.main(loaded, model)
+    console.print(f"exit heads of {model}: depth of 85% agreement {summary['depth85']} "
+                  f"({summary['total_s']:.0f} s)")
+
+
 def main() -> None:
     """Console-script entry point: run the app, turning an :class:`ExitplanError` into a message and exit 2."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -231,6 +231,52 @@ class BuildPerfDbParams(StrictModel):
         return values
 
 
+class TrainExitsParams(StrictModel):
+    """Stage ``train_exits``: fit exit heads on a frozen backbone, per candidate model (DVC ``foreach``)."""
+
+    models: list[str] = Field(min_length=1)
+    """Fetched models to give exit heads (each a ``fetch_models`` checkpoint)."""
+
+    exit_every: int = Field(default=4, ge=1)
+    """An exit after every this many layers (the last layer needs none)."""
+
+    head_kinds: list[Literal["identity", "affine", "block"]] = Field(default_factory=lambda: ["affine", "block"])
+    """Exit-head kinds to fit and compare (``identity`` = the plain final norm + LM head, the baseline)."""
+
+    datasets: list[DatasetName] = Field(default_factory=lambda: ["sharegpt", "gsm8k", "humaneval", "aclsum"])
+    """Data sets of the query table whose prompt + reference texts are the training and held-out tokens."""
+
+    chunk_tokens: int = Field(default=128, ge=8, le=4096)
+    """Tokens per training sequence."""
+
+    train_chunks: int = Field(default=32, ge=1)
+    """Training sequences (train tokens = chunk_tokens x train_chunks). Cost: one forward pass of the model."""
+
+    eval_chunks: int = Field(default=16, ge=1)
+    """Held-out sequences, from queries disjoint from the training ones."""
+
+    top_k: int = Field(default=64, ge=2, le=4096)
+    """Teacher tokens kept per position for distillation and KL."""
+
+    ridge: float = Field(default=0.01, gt=0)
+    """Ridge penalty of the affine heads (relative to the mean input variance)."""
+
+    block_steps: int = Field(default=100, ge=0)
+    """Optimiser steps per block head. Cost: roughly one layer's forward + backward on 2 sequences per step."""
+
+    block_lr: float = Field(default=3e-4, gt=0)
+    """Learning rate of the block heads (AdamW)."""
+
+    thresholds: list[float] = Field(default_factory=lambda: [0.5, 0.8, 0.9], min_length=1)
+    """Confidence thresholds at which confident shares and agreements are reported."""
+
+    seed: int = Field(default=0, ge=0)
+    """Seed of the query split and of training."""
+
+    output_dir: str = "model_repository/exits"
+    """Folder of the exit checkpoints: ``<output_dir>/<hf id>/`` (a DVC output)."""
+
+
 class Params(StrictModel):
     """The whole ``params.yaml``."""
 
@@ -251,6 +297,9 @@ class Params(StrictModel):
 
     build_perf_db: BuildPerfDbParams
     """Stage ``build_perf_db``."""
+
+    train_exits: TrainExitsParams
+    """Stage ``train_exits``."""
 
     _root: Path = PrivateAttr(default_factory=Path.cwd)
 

@@ -1,0 +1,136 @@
+"""Stage ``train_exits``: exit heads for one model on a frozen backbone, with held-out metrics per exit and kind."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from exitplan.atomic import write_atomic, write_json
+from exitplan.config import Params
+from exitplan.errors import ConfigError, WorkloadError
+from exitplan.tracking import log_stage_run
+
+STAGE = "train_exits"
+
+
+def split_texts(params: Params) -> tuple[list[str], list[str]]:
+    """Prompt + reference texts of the query table, split by query into training and held-out halves (seeded)."""
+    import pandas as pd
+
+    section = params.train_exits
+    path = params.path(params.prepare_workload.output_dir) / "queries.parquet"
+    if not path.is_file():
+        raise WorkloadError(f"no query table at {path}: run the prepare_workload stage first")
+    queries = pd.read_parquet(path, columns=["dataset", "prompt", "reference"])
+    queries = queries[queries["dataset"].isin(section.datasets)]
+    order = np.random.default_rng(section.seed).permutation(len(queries))
+    texts = (queries["prompt"] + "\n" + queries["reference"]).to_numpy()[order].tolist()
+    half = len(texts) // 2
+    return texts[:half], texts[half:]
+
+
+def token_chunks(tokenizer: Any, texts: list[str], length: int, count: int) -> Any:
+    """``count`` chunks of ``length`` tokens cut from the concatenated texts (encoded only as far as needed)."""
+    from exitplan.earlyexit.training import chunk_tokens
+
+    stream: list[int] = []
+    for text in texts:
+        stream.extend(tokenizer.encode(text, add_special_tokens=False))
+        if len(stream) >= length * count:
+            break
+    chunks = chunk_tokens(stream, length, count)
+    if len(chunks) < count:
+        raise WorkloadError(f"only {len(chunks)} chunks of {length} tokens available, {count} asked")
+    return chunks
+
+
+def depth_at(rows: list[dict[str, Any]], kind: str, level: float, num_layers: int) -> float:
+    """Shallowest exit (as a share of the layers) whose agreement reaches ``level``; 1.0 if none does."""
+    depths = [r["exit_layer"] for r in rows if r["kind"] == kind and r["agreement"] >= level]
+    return min(depths) / num_layers if depths else 1.0
+
+
+def plot_agreement(rows: list[dict[str, Any]], model: str, path: Path) -> Path:
+    """Agreement with the final layer vs depth, a line per head kind (all tokens, and confident tokens at 0.8)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for kind in sorted({r["kind"] for r in rows}):
+        mine = sorted((r for r in rows if r["kind"] == kind), key=lambda r: r["exit_layer"])
+        depth = [r["depth"] for r in mine]
+        ax.plot(depth, [r["agreement"] for r in mine], marker="o", label=f"{kind}: all tokens")
+        ax.plot(depth, [r.get("confident_agreement@0.8", np.nan) for r in mine], linestyle="--",
+                label=f"{kind}: confidence >= 0.8")
+    ax.axhline(0.85, color="grey", linewidth=0.8)
+    ax.set(xlabel="exit depth (share of layers)", ylabel="top-1 agreement with the final layer", ylim=(0, 1),
+           title=model)
+    ax.legend(fontsize=7)
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    plt.close(fig)
+    return path
+
+
+def main(params: Params, model_name: str) -> dict[str, Any]:
+    """Fit every head kind at every exit of ``model_name``; write the exit checkpoint, metrics and plot."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from exitplan.earlyexit.checkpoint import save_heads, write_index
+    from exitplan.earlyexit.partial_model import EarlyExitLM
+    from exitplan.earlyexit.training import collect, evaluate_exit, fit_affine, train_block
+
+    section = params.train_exits
+    if model_name not in section.models:
+        raise ConfigError("params", [f"train_exits.models: '{model_name}' is not listed; listed: {section.models}"])
+    started = time.perf_counter()
+    torch.manual_seed(section.seed)
+    checkpoint = params.checkpoint_path(model_name)
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    train_texts, eval_texts = split_texts(params)
+    train = token_chunks(tokenizer, train_texts, section.chunk_tokens, section.train_chunks)
+    held_out = token_chunks(tokenizer, eval_texts, section.chunk_tokens, section.eval_chunks)
+    model = EarlyExitLM.from_pretrained(checkpoint)
+    exits = list(range(section.exit_every, model.num_layers, section.exit_every))
+    train_cache = collect(model, train, [*exits, model.num_layers], section.top_k)
+    eval_cache = collect(model, held_out, [*exits, model.num_layers], section.top_k)
+    collected_s = time.perf_counter() - started
+    rows: list[dict[str, Any]] = []
+    out_dir = params.path(section.output_dir) / model_name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for kind in dict.fromkeys(["identity", *section.head_kinds]):
+        heads = {}
+        for exit_layer in exits:
+            if kind == "affine":
+                heads[exit_layer] = fit_affine(train_cache, exit_layer, section.ridge)
+            elif kind == "block":
+                heads[exit_layer], _ = train_block(model, train_cache, exit_layer, section.block_steps,
+                                                   section.block_lr, seed=section.seed)
+            metrics = evaluate_exit(model, eval_cache, exit_layer, heads.get(exit_layer), section.thresholds)
+            rows.append({"kind": kind, "exit_layer": exit_layer, "depth": exit_layer / model.num_layers, **metrics})
+        if kind != "identity":
+            save_heads(out_dir, kind, heads)
+    final = evaluate_exit(model, eval_cache, model.num_layers, None, section.thresholds)
+    summary = {
+        "model": model_name, "num_layers": model.num_layers, "exit_layers": exits,
+        "kinds": list(dict.fromkeys(["identity", *section.head_kinds])),
+        "final_perplexity": final["perplexity"], "train_tokens": int(train.numel()),
+        "eval_tokens": int(held_out.numel()), "collect_s": collected_s, "total_s": time.perf_counter() - started,
+        "depth85": {k: depth_at(rows, k, 0.85, model.num_layers) for k in ["identity", *section.head_kinds]},
+        "exits": rows,
+    }
+    write_index(out_dir, summary)
+    reports = params.path("reports") / STAGE
+    report = write_json(reports / f"{model_name}.json", summary)
+    plot = plot_agreement(rows, model_name, reports / f"{model_name}.png")
+    flat = {f"{r['kind']}.L{r['exit_layer']}.{k}": v for r in rows for k, v in r.items()
+            if isinstance(v, float) and k in ("agreement", "kl", "perplexity")}
+    log_stage_run(f"{STAGE}:{model_name}", params.tracking, params.root, section.model_dump(),
+                  {**{k: v for k, v in summary.items() if isinstance(v, (int, float))}, **flat,
+                   **{f"depth85.{k}": v for k, v in summary["depth85"].items()}}, [report, plot])
+    return summary
