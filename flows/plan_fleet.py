@@ -1,7 +1,7 @@
 """Flow ``plan_fleet``: the planning pipeline, stage by stage through DVC.
 
-Now: validate params -> fetch the embedded models -> prepare the workloads. Later issues append profiling,
-simulation, co-optimisation, gates and promotion.
+Now: validate params -> fetch the embedded models -> prepare the workloads -> build the perf DB (simulation) ->
+train exit heads. Later issues append profiling, co-optimisation, gates and promotion.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from prefect import flow, get_run_logger
 from exitplan.pipeline import ReproResult
 from tasks.pipeline import check_config, repro_stage
 
-STAGES = ("fetch_models", "prepare_workload", "build_perf_db")
+STAGES = ("fetch_models", "prepare_workload", "build_perf_db", "train_exits")
 """The file-to-file stages of dvc.yaml, in order."""
 
 
@@ -30,6 +30,7 @@ exitplan plan_fleet finished. Outputs:
   model checkpoints  {params.path(params.fetch_models.checkpoint_dir)}
   workloads          {params.path(params.prepare_workload.output_dir)} (queries.parquet, trace_*.parquet)
   perf DB            {params.path(params.build_perf_db.output_dir)} (perf_db.parquet; plots: reports/build_perf_db/plots)
+  exit heads         {params.path(params.train_exits.output_dir)} (agreement vs depth: reports/train_exits/)
   metrics            reports/  (`dvc metrics show`, `dvc plots show`)
   runs               MLflow: `mlflow ui --backend-store-uri sqlite:///{params.root / 'mlflow.db'}`
 """)

@@ -27,6 +27,9 @@ def _small_params(repo: Path) -> dict:
                            "num_requests": 60, "mix": {"gsm8k": 0.5, "humaneval": 0.5}}]
     tree["build_perf_db"].update(models=[SMOLLM2, "meta-llama/Llama-2-7b-hf"], gpus=["rtx-4090"], qps=[1.0, 4.0],
                                  requests_per_point=50, lengths_trace="small", max_gpus_per_replica=2, workers=1)
+    tree["train_exits"].update(models=[SMOLLM2], exit_every=10, head_kinds=["affine", "block"],
+                               datasets=["gsm8k", "humaneval"], chunk_tokens=32, train_chunks=24, eval_chunks=4,
+                               top_k=8, block_steps=2)
     return tree
 
 
@@ -53,13 +56,16 @@ def flow_results(repo: Path, prefect_harness: None):
 
 
 def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) -> None:
-    assert [r.target for r in flow_results] == ["fetch_models", "prepare_workload", "build_perf_db"]
+    assert [r.target for r in flow_results] == ["fetch_models", "prepare_workload", "build_perf_db", "train_exits"]
     assert flow_results[0].ran == [f"fetch_models@{SMOLLM2}"]
     assert flow_results[1].ran == ["prepare_workload"]
     assert flow_results[2].ran == ["build_perf_db"]
     db = pd.read_parquet(repo / "data" / "perf_db" / "perf_db.parquet")
     assert set(db["model"]) == {SMOLLM2, "meta-llama/Llama-2-7b-hf"} and set(db["qps"]) == {1.0, 4.0}
     assert (repo / "reports" / "build_perf_db" / "plots").is_dir()
+    assert flow_results[3].ran == [f"train_exits@{SMOLLM2}"]
+    exits = repo / "model_repository" / "exits" / SMOLLM2
+    assert {p.name for p in exits.iterdir()} == {"exits.json", "affine.safetensors", "block.safetensors"}
     assert (repo / "model_repository" / "checkpoints" / SMOLLM2 / "model.safetensors").is_file()
     trace = pd.read_parquet(repo / "data" / "workload" / "trace_small.parquet")
     assert len(trace) == 60 and set(trace["dataset"]) == {"gsm8k", "humaneval"}
@@ -74,7 +80,7 @@ def test_stage_runs_are_tracked_in_mlflow(repo: Path, flow_results) -> None:
     experiment = client.get_experiment_by_name("exitplan")
     runs = client.search_runs([experiment.experiment_id])
     by_name = {r.info.run_name: r for r in runs}
-    assert set(by_name) == {f"fetch_models:{SMOLLM2}", "prepare_workload", "build_perf_db"}
+    assert set(by_name) == {f"fetch_models:{SMOLLM2}", "prepare_workload", "build_perf_db", f"train_exits:{SMOLLM2}"}
     assert by_name["prepare_workload"].data.metrics["num_queries"] == 80
     assert by_name["prepare_workload"].data.params["seed"] == "0"
 

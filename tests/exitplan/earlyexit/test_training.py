@@ -45,3 +45,20 @@ def test_block_head_distillation_lowers_the_loss(caches) -> None:
     after = evaluate_exit(model, held_out, MIDDLE, head)
     assert after["kl"] < before["kl"]
     assert not any(p.requires_grad for p in model.parameters())
+
+
+def test_exit_checkpoint_round_trip(caches, smollm2_checkpoint, tmp_path) -> None:
+    from exitplan.earlyexit.checkpoint import load_heads, save_heads, write_index
+
+    model, train, held_out = caches
+    affine = {MIDDLE: fit_affine(train, MIDDLE)}
+    block, _ = train_block(model, train, 24, steps=2, batch_size=1)
+    save_heads(tmp_path, "affine", affine)
+    save_heads(tmp_path, "block", {24: block})
+    write_index(tmp_path, {"exit_layers": [MIDDLE], "kinds": ["identity", "affine"]})
+    fresh = EarlyExitLM.from_pretrained(smollm2_checkpoint, layers=MIDDLE)
+    assert load_heads(fresh, tmp_path, "affine") == [MIDDLE]
+    hidden = held_out.hidden[MIDDLE][:1]
+    with torch.no_grad():
+        expected = model.model.lm_head(model.model.model.norm(affine[MIDDLE](hidden)))
+        assert torch.allclose(fresh.exit_logits(hidden, MIDDLE), expected, atol=1e-5)
