@@ -267,6 +267,13 @@ class TrainExitsParams(StrictModel):
     block_lr: float = Field(default=3e-4, gt=0)
     """Learning rate of the block heads (AdamW)."""
 
+    block_loss: Literal["full_ce", "topk_kl"] = "full_ce"
+    """Distillation loss: cross-entropy of the full-vocabulary student on the teacher's top-k (penalises leaked
+    mass), or KL restricted to the top-k (cheaper, but leaves the rest of the vocabulary unconstrained)."""
+
+    block_batch: int = Field(default=2, ge=1)
+    """Sequences per block-head step."""
+
     thresholds: list[float] = Field(default_factory=lambda: [0.5, 0.8, 0.9], min_length=1)
     """Confidence thresholds at which confident shares and agreements are reported."""
 

@@ -5,9 +5,12 @@ Kinds (a registry keyed by ``type``, see :data:`HEAD_KINDS`):
 - ``identity``: nothing learned; the plain final norm + LM head on an intermediate layer (the baseline).
 - ``affine``: ``h W + b`` fitted in closed form by ridge regression onto the final layer's hidden state (a
   "tuned lens"); cheap, but weak at shallow exits on Qwen.
-- ``block``: one decoder layer (initialised from the next layer's weights), followed like every head by the model's
-  final RMS norm, trained with the backbone frozen by distillation from the final layer on the teacher's top-k
-  logits (EE-Tuning's recipe).
+- ``block``: an affine map then one decoder layer, followed like every head by the model's final RMS norm, trained
+  with the backbone frozen by distillation from the final layer (EE-Tuning's recipe). Warm start (our change to
+  EE-Tuning's "initialise from the next layer"): the affine map is ridge-fitted onto the *input* of the model's last
+  layer and the decoder layer is a copy of that last layer, so the untrained head already approximates the final
+  layer. Measured on SmolLM2 (held-out GSM8K, 60 steps): next-layer init reached 27.6% / 43.1% top-1 agreement at
+  layers 10 / 20 of 30, the warm start 36.7% / 51.1% (affine alone: 35.9% / 42.3%).
 """
 
 from __future__ import annotations
@@ -74,22 +77,25 @@ class AffineHead(nn.Module):
 
 
 class BlockHead(nn.Module):
-    """One decoder layer run on the exit layer's hidden states of the whole sequence (the final norm follows).
+    """An affine map, then one decoder layer over the whole sequence (the model's final norm follows).
 
     Args:
-        layer: A decoder layer to copy (the layer after the exit, EE-Tuning's initialisation).
+        layer: The decoder layer to copy (the model's last layer for the warm start).
         rotary: The model's rotary embedding module (shared, not trained).
+        hidden_size: Model width ``d``.
     """
 
     kind = "block"
 
-    def __init__(self, layer: nn.Module, rotary: nn.Module) -> None:
+    def __init__(self, layer: nn.Module, rotary: nn.Module, hidden_size: int) -> None:
         super().__init__()
+        self.affine = AffineHead(hidden_size)
         self.layer = copy.deepcopy(layer)
         self._rotary = [rotary]  # kept out of the module tree: not a parameter of the head
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """``batch x seq x d`` -> ``batch x seq x d`` (causal attention over the sequence, no padding)."""
+        hidden = self.affine(hidden)
         positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0).expand(hidden.shape[0], -1)
         cos_sin = self._rotary[0](hidden, positions)
         out = self.layer(hidden, attention_mask=None, position_ids=positions, position_embeddings=cos_sin)
@@ -103,8 +109,8 @@ HEAD_KINDS = ("identity", "affine", "block")
 def make_head(kind: str, model: Any, exit_layer: int) -> nn.Module:
     """A new, untrained head of ``kind`` for the exit after layer ``exit_layer`` (1-based) of ``model``.
 
-    ``model`` is an :class:`exitplan.earlyexit.partial_model.EarlyExitLM`; a block head copies the layer after the
-    exit (or the last held layer when the exit is the deepest held one).
+    ``model`` is an :class:`exitplan.earlyexit.partial_model.EarlyExitLM`; a block head copies its last held layer
+    (the model's last layer when the model is whole, as it is for training; for loading only the shape matters).
     """
     from exitplan.errors import ExitplanError
 
@@ -114,6 +120,5 @@ def make_head(kind: str, model: Any, exit_layer: int) -> nn.Module:
     if kind == "affine":
         return AffineHead(model.full_config.hidden_size)
     if kind == "block":
-        source = inner.layers[min(exit_layer, len(inner.layers) - 1)]
-        return BlockHead(source, inner.rotary_emb)
+        return BlockHead(inner.layers[-1], inner.rotary_emb, model.full_config.hidden_size)
     raise ExitplanError(f"unknown exit head kind '{kind}'; known: {list(HEAD_KINDS)}")

@@ -88,19 +88,50 @@ def topk_kl(model: EarlyExitLM, mapped: torch.Tensor, index: torch.Tensor, teach
     if model.model.lm_head.bias is not None:
         student = student + model.model.lm_head.bias[index]
     teacher = teacher_logprob.log_softmax(-1)
-    return F.kl_div(student.log_softmax(-1), teacher, log_target=True, reduction="batchmean")
+    per_token = F.kl_div(student.log_softmax(-1), teacher, log_target=True, reduction="none").sum(-1)
+    return per_token.mean()
+
+
+def full_softmax_ce(model: EarlyExitLM, mapped: torch.Tensor, index: torch.Tensor,
+                    teacher_logprob: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the student's full-vocabulary distribution against the teacher's top-k (renormalised).
+
+    Unlike :func:`topk_kl`, the student's softmax runs over the whole vocabulary, so probability mass that leaks to
+    tokens outside the teacher's top-k is penalised; it equals KL(teacher || student) up to the teacher's entropy
+    when the top-k holds the teacher's mass. Costs one vocabulary projection per token.
+    """
+    logits = model.model.lm_head(model.model.model.norm(mapped)).float()
+    student = logits.log_softmax(-1).gather(-1, index)
+    teacher = teacher_logprob.softmax(-1)
+    return -(teacher * student).sum(-1).mean()
+
+
+LOSSES = {"topk_kl": topk_kl, "full_ce": full_softmax_ce}
+"""Distillation losses for block heads, by name."""
 
 
 def train_block(model: EarlyExitLM, cache: ExitCache, exit_layer: int, steps: int = 200, lr: float = 1e-4,
-                batch_size: int = 4, seed: int = 0) -> tuple[BlockHead, list[float]]:
-    """Train a block head for ``exit_layer`` by top-k distillation on the cached tensors.
+                batch_size: int = 4, seed: int = 0, loss: str = "full_ce") -> tuple[BlockHead, list[float]]:
+    """Train a block head for ``exit_layer`` by distillation on the cached tensors (``loss``: a key of LOSSES).
+
+    Warm start: the head's affine map is ridge-fitted onto the input of the last layer (the cache must hold the
+    hidden states after layer ``num_layers - 1``) and its decoder layer is a copy of the last layer.
 
     Returns:
         The trained head and the loss of each step.
     """
+    from exitplan.errors import ExitplanError
+
     torch.manual_seed(seed)
+    if model.held_layers != model.num_layers:
+        raise ExitplanError("block heads are trained on the whole model (its last layer seeds the head)")
+    before_last = model.num_layers - 1
+    if before_last not in cache.hidden:
+        raise ExitplanError(f"the cache needs the hidden states after layer {before_last} to warm-start the head")
     head = make_head("block", model, exit_layer)
     assert isinstance(head, BlockHead)
+    d = cache.final_hidden.shape[-1]
+    head.affine.fit(cache.hidden[exit_layer].reshape(-1, d), cache.hidden[before_last].reshape(-1, d))
     head.train()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -112,15 +143,27 @@ def train_block(model: EarlyExitLM, cache: ExitCache, exit_layer: int, steps: in
     generator = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         pick = torch.randint(len(inputs), (min(batch_size, len(inputs)),), generator=generator)
-        loss = topk_kl(model, head(inputs[pick]), cache.teacher_index[pick], cache.teacher_logprob[pick])
+        value = LOSSES[loss](model, head(inputs[pick]), cache.teacher_index[pick], cache.teacher_logprob[pick])
         optimiser.zero_grad()
-        loss.backward()
+        value.backward()
         optimiser.step()
-        losses.append(float(loss.detach()))
+        losses.append(float(value.detach()))
     head.eval()
     for p in head.parameters():
         p.requires_grad_(False)
     return head, losses
+
+
+@torch.no_grad()
+def perplexity(model: EarlyExitLM, cache: ExitCache, batch_size: int = 4) -> float:
+    """Perplexity of the full model (its last layer) on the cached chunks' next tokens."""
+    nll = []
+    for start in range(0, len(cache.tokens), batch_size):
+        logits = model.model.lm_head(model.model.model.norm(cache.final_hidden[start:start + batch_size])).float()
+        targets = cache.tokens[start:start + batch_size][:, 1:]
+        nll.append(F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                   reduction="none"))
+    return float(torch.cat(nll).mean().exp())
 
 
 @torch.no_grad()

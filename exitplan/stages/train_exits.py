@@ -83,7 +83,7 @@ def main(params: Params, model_name: str) -> dict[str, Any]:
 
     from exitplan.earlyexit.checkpoint import save_heads, write_index
     from exitplan.earlyexit.partial_model import EarlyExitLM
-    from exitplan.earlyexit.training import collect, evaluate_exit, fit_affine, train_block
+    from exitplan.earlyexit.training import collect, evaluate_exit, fit_affine, perplexity, train_block
 
     section = params.train_exits
     if model_name not in section.models:
@@ -97,8 +97,9 @@ def main(params: Params, model_name: str) -> dict[str, Any]:
     held_out = token_chunks(tokenizer, eval_texts, section.chunk_tokens, section.eval_chunks)
     model = EarlyExitLM.from_pretrained(checkpoint)
     exits = list(range(section.exit_every, model.num_layers, section.exit_every))
-    train_cache = collect(model, train, [*exits, model.num_layers], section.top_k)
-    eval_cache = collect(model, held_out, [*exits, model.num_layers], section.top_k)
+    cached = sorted({*exits, model.num_layers - 1})
+    train_cache = collect(model, train, cached, section.top_k)
+    eval_cache = collect(model, held_out, cached, section.top_k)
     collected_s = time.perf_counter() - started
     rows: list[dict[str, Any]] = []
     out_dir = params.path(section.output_dir) / model_name
@@ -110,16 +111,17 @@ def main(params: Params, model_name: str) -> dict[str, Any]:
                 heads[exit_layer] = fit_affine(train_cache, exit_layer, section.ridge)
             elif kind == "block":
                 heads[exit_layer], _ = train_block(model, train_cache, exit_layer, section.block_steps,
-                                                   section.block_lr, seed=section.seed)
+                                                   section.block_lr, section.block_batch, section.seed,
+                                                   section.block_loss)
             metrics = evaluate_exit(model, eval_cache, exit_layer, heads.get(exit_layer), section.thresholds)
             rows.append({"kind": kind, "exit_layer": exit_layer, "depth": exit_layer / model.num_layers, **metrics})
         if kind != "identity":
             save_heads(out_dir, kind, heads)
-    final = evaluate_exit(model, eval_cache, model.num_layers, None, section.thresholds)
+    final_perplexity = perplexity(model, eval_cache)
     summary = {
         "model": model_name, "num_layers": model.num_layers, "exit_layers": exits,
         "kinds": list(dict.fromkeys(["identity", *section.head_kinds])),
-        "final_perplexity": final["perplexity"], "train_tokens": int(train.numel()),
+        "final_perplexity": final_perplexity, "train_tokens": int(train.numel()),
         "eval_tokens": int(held_out.numel()), "collect_s": collected_s, "total_s": time.perf_counter() - started,
         "depth85": {k: depth_at(rows, k, 0.85, model.num_layers) for k in ["identity", *section.head_kinds]},
         "exits": rows,
