@@ -180,6 +180,17 @@ def stage_train_exits(
                   f"({summary['total_s']:.0f} s)")
 
 
+@stage_app.command("exit-profile")
+def stage_exit_profile(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
+    """Profile the first confident exits of each model on held-out prompts (HELIOS's observations)."""
+    from exitplan.stages import exit_profile
+
+    loaded = _params(params)
+    summary = exit_profile.main(loaded)
+    console.print(f"exit profile of {len(loaded.exit_profile.models)} models in {summary['seconds']:.0f} s; "
+                  f"complementarity: {summary['complementarity']}")
+
+
 def main() -> None:
     """Console-script entry point: run the app, turning an :class:`ExitplanError` into a message and exit 2."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -284,6 +284,44 @@ class TrainExitsParams(StrictModel):
     """Folder of the exit checkpoints: ``<output_dir>/<hf id>/`` (a DVC output)."""
 
 
+class ExitProfileParams(StrictModel):
+    """Stage ``exit_profile``: HELIOS's observations on held-out prompts, per model and confidence threshold."""
+
+    models: list[str] = Field(min_length=1)
+    """Models with exit checkpoints (from ``train_exits``); two sharing a tokenizer give complementarity."""
+
+    head_kind: Literal["identity", "affine", "block"] = "block"
+    """Exit-head kind whose exits are profiled."""
+
+    datasets: list[DatasetName] = Field(default_factory=lambda: ["sharegpt", "gsm8k", "humaneval", "aclsum"])
+    """Held-out prompts come from these data sets (queries never used for training the heads)."""
+
+    chunk_tokens: int = Field(default=128, ge=8, le=4096)
+    """Tokens per profiled sequence."""
+
+    chunks_per_dataset: int = Field(default=4, ge=1)
+    """Sequences per data set. Cost: one forward pass plus one vocabulary projection per exit per token."""
+
+    thresholds: list[float] = Field(default_factory=lambda: [0.5, 0.7, 0.8, 0.9], min_length=1)
+    """Confidence thresholds to profile."""
+
+    confidence: Literal["max_prob", "margin", "entropy"] = "max_prob"
+    """Confidence measure (HELIOS: maximum softmax probability)."""
+
+    early_depth: float = Field(default=0.5, gt=0, le=1)
+    """A token "exits early" when it is confident at an exit no deeper than this share of the layers."""
+
+    output_dir: str = "data/exit_profile"
+    """Folder of ``profile.parquet`` (per token: model, data set, first confident exit per threshold)."""
+
+    @field_validator("thresholds")
+    @classmethod
+    def _probabilities(cls, values: list[float]) -> list[float]:
+        if any(not 0 < v < 1 for v in values):
+            raise ValueError("thresholds are confidences strictly between 0 and 1")
+        return values
+
+
 class Params(StrictModel):
     """The whole ``params.yaml``."""
 
@@ -308,7 +346,17 @@ class Params(StrictModel):
     train_exits: TrainExitsParams
     """Stage ``train_exits``."""
 
+    exit_profile: ExitProfileParams
+    """Stage ``exit_profile``."""
+
     _root: Path = PrivateAttr(default_factory=Path.cwd)
+
+    @model_validator(mode="after")
+    def _profiled_models_have_exits(self) -> Params:
+        missing = [m for m in self.exit_profile.models if m not in self.train_exits.models]
+        if missing:
+            raise ValueError(f"exit_profile.models {missing} are not in train_exits.models")
+        return self
 
     @model_validator(mode="after")
     def _perf_db_trace_exists(self) -> Params:

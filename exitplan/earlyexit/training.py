@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +45,25 @@ def chunk_tokens(token_ids: Sequence[int], length: int, max_chunks: int | None =
     if max_chunks is not None:
         n = min(n, max_chunks)
     return torch.as_tensor(list(token_ids[: n * length]), dtype=torch.long).view(n, length)
+
+
+def tokenize_chunks(tokenizer: Any, texts: Sequence[str], length: int, count: int) -> torch.Tensor:
+    """``count`` chunks of ``length`` tokens cut from the concatenated texts (encoded only as far as needed).
+
+    Raises:
+        ExitplanError: if the texts hold fewer tokens than asked.
+    """
+    from exitplan.errors import ExitplanError
+
+    stream: list[int] = []
+    for text in texts:
+        stream.extend(tokenizer.encode(text, add_special_tokens=False))
+        if len(stream) >= length * count:
+            break
+    chunks = chunk_tokens(stream, length, count)
+    if len(chunks) < count:
+        raise ExitplanError(f"only {len(chunks)} chunks of {length} tokens available, {count} asked")
+    return chunks
 
 
 @torch.no_grad()

@@ -10,41 +10,10 @@ import numpy as np
 
 from exitplan.atomic import write_atomic, write_json
 from exitplan.config import Params
-from exitplan.errors import ConfigError, WorkloadError
+from exitplan.errors import ConfigError
 from exitplan.tracking import log_stage_run
 
 STAGE = "train_exits"
-
-
-def split_texts(params: Params) -> tuple[list[str], list[str]]:
-    """Prompt + reference texts of the query table, split by query into training and held-out halves (seeded)."""
-    import pandas as pd
-
-    section = params.train_exits
-    path = params.path(params.prepare_workload.output_dir) / "queries.parquet"
-    if not path.is_file():
-        raise WorkloadError(f"no query table at {path}: run the prepare_workload stage first")
-    queries = pd.read_parquet(path, columns=["dataset", "prompt", "reference"])
-    queries = queries[queries["dataset"].isin(section.datasets)]
-    order = np.random.default_rng(section.seed).permutation(len(queries))
-    texts = (queries["prompt"] + "\n" + queries["reference"]).to_numpy()[order].tolist()
-    half = len(texts) // 2
-    return texts[:half], texts[half:]
-
-
-def token_chunks(tokenizer: Any, texts: list[str], length: int, count: int) -> Any:
-    """``count`` chunks of ``length`` tokens cut from the concatenated texts (encoded only as far as needed)."""
-    from exitplan.earlyexit.training import chunk_tokens
-
-    stream: list[int] = []
-    for text in texts:
-        stream.extend(tokenizer.encode(text, add_special_tokens=False))
-        if len(stream) >= length * count:
-            break
-    chunks = chunk_tokens(stream, length, count)
-    if len(chunks) < count:
-        raise WorkloadError(f"only {len(chunks)} chunks of {length} tokens available, {count} asked")
-    return chunks
 
 
 def depth_at(rows: list[dict[str, Any]], kind: str, level: float, num_layers: int) -> float:
@@ -83,7 +52,9 @@ def main(params: Params, model_name: str) -> dict[str, Any]:
 
     from exitplan.earlyexit.checkpoint import save_heads, write_index
     from exitplan.earlyexit.partial_model import EarlyExitLM
-    from exitplan.earlyexit.training import collect, evaluate_exit, fit_affine, perplexity, train_block
+    from exitplan.earlyexit.training import (collect, evaluate_exit, fit_affine, perplexity, tokenize_chunks,
+                                             train_block)
+    from exitplan.workload.split import split_queries
 
     section = params.train_exits
     if model_name not in section.models:
@@ -92,9 +63,10 @@ def main(params: Params, model_name: str) -> dict[str, Any]:
     torch.manual_seed(section.seed)
     checkpoint = params.checkpoint_path(model_name)
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
-    train_texts, eval_texts = split_texts(params)
-    train = token_chunks(tokenizer, train_texts, section.chunk_tokens, section.train_chunks)
-    held_out = token_chunks(tokenizer, eval_texts, section.chunk_tokens, section.eval_chunks)
+    train_q, eval_q = split_queries(params.path(params.prepare_workload.output_dir) / "queries.parquet",
+                                    section.datasets, section.seed)
+    train = tokenize_chunks(tokenizer, train_q["text"].tolist(), section.chunk_tokens, section.train_chunks)
+    held_out = tokenize_chunks(tokenizer, eval_q["text"].tolist(), section.chunk_tokens, section.eval_chunks)
     model = EarlyExitLM.from_pretrained(checkpoint)
     exits = list(range(section.exit_every, model.num_layers, section.exit_every))
     cached = sorted({*exits, model.num_layers - 1})

@@ -30,6 +30,8 @@ def _small_params(repo: Path) -> dict:
     tree["train_exits"].update(models=[SMOLLM2], exit_every=10, head_kinds=["affine", "block"],
                                datasets=["gsm8k", "humaneval"], chunk_tokens=32, train_chunks=24, eval_chunks=4,
                                top_k=8, block_steps=2)
+    tree["exit_profile"].update(models=[SMOLLM2], head_kind="block", datasets=["gsm8k", "humaneval"], chunk_tokens=32,
+                                chunks_per_dataset=2, thresholds=[0.5, 0.9])
     return tree
 
 
@@ -56,7 +58,8 @@ def flow_results(repo: Path, prefect_harness: None):
 
 
 def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) -> None:
-    assert [r.target for r in flow_results] == ["fetch_models", "prepare_workload", "build_perf_db", "train_exits"]
+    assert [r.target for r in flow_results] == ["fetch_models", "prepare_workload", "build_perf_db", "train_exits",
+                                                  "exit_profile"]
     assert flow_results[0].ran == [f"fetch_models@{SMOLLM2}"]
     assert flow_results[1].ran == ["prepare_workload"]
     assert flow_results[2].ran == ["build_perf_db"]
@@ -66,6 +69,9 @@ def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) 
     assert flow_results[3].ran == [f"train_exits@{SMOLLM2}"]
     exits = repo / "model_repository" / "exits" / SMOLLM2
     assert {p.name for p in exits.iterdir()} == {"exits.json", "affine.safetensors", "block.safetensors"}
+    assert flow_results[4].ran == ["exit_profile"]
+    profile = pd.read_parquet(repo / "data" / "exit_profile" / "profile.parquet")
+    assert len(profile) == 2 * 2 * 2 * 32 and set(profile["first_exit"]) <= {10, 20, 30}
     assert (repo / "model_repository" / "checkpoints" / SMOLLM2 / "model.safetensors").is_file()
     trace = pd.read_parquet(repo / "data" / "workload" / "trace_small.parquet")
     assert len(trace) == 60 and set(trace["dataset"]) == {"gsm8k", "humaneval"}
@@ -80,7 +86,8 @@ def test_stage_runs_are_tracked_in_mlflow(repo: Path, flow_results) -> None:
     experiment = client.get_experiment_by_name("exitplan")
     runs = client.search_runs([experiment.experiment_id])
     by_name = {r.info.run_name: r for r in runs}
-    assert set(by_name) == {f"fetch_models:{SMOLLM2}", "prepare_workload", "build_perf_db", f"train_exits:{SMOLLM2}"}
+    assert set(by_name) == {f"fetch_models:{SMOLLM2}", "prepare_workload", "build_perf_db", f"train_exits:{SMOLLM2}",
+                            "exit_profile"}
     assert by_name["prepare_workload"].data.metrics["num_queries"] == 80
     assert by_name["prepare_workload"].data.params["seed"] == "0"
 

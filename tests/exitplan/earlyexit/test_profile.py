@@ -1,0 +1,43 @@
+"""Exit-profile arithmetic on hand-made traces (where each answer can be checked by eye)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from exitplan.earlyexit.profile import TokenExits, complementarity, first_confident_exit, profile_metrics
+
+
+def _trace(conf: list[list[float]], top1: list[list[int]], final: list[int]) -> TokenExits:
+    return TokenExits([2, 4, 6], 8, np.array(conf), np.array(top1), np.array(final))
+
+
+SMALL = _trace(
+    conf=[[0.9, 0.2, 0.3, 0.1], [0.9, 0.85, 0.4, 0.2], [0.95, 0.9, 0.5, 0.3]],
+    top1=[[5, 7, 1, 9], [5, 6, 1, 9], [5, 6, 2, 9]],
+    final=[5, 6, 2, 4],
+)
+
+
+def test_first_confident_exit_and_fallback_to_the_last_layer() -> None:
+    assert first_confident_exit(SMALL, 0.8).tolist() == [2, 4, 8, 8]
+    assert first_confident_exit(SMALL, 0.95).tolist() == [6, 8, 8, 8]
+
+
+def test_profile_metrics() -> None:
+    m = profile_metrics(SMALL, 0.8, early_depth=0.5)
+    assert m["earliest_share"] == 0.25  # only token 0 is confident at layer 2
+    assert m["early_share"] == 0.5      # tokens 0 and 1 by layer 4 of 8
+    assert m["exited_agreement"] == 1.0  # token 0 says 5 (final 5), token 1 says 6 at layer 4 (final 6)
+    # tokens 1, 2, 3 are under 0.8 at layer 2; their layer-2 tokens 7, 1, 9 vs final 6, 2, 4: none agree
+    assert m["low_conf_agreement"] == 0.0
+    assert m["first_exit_distribution"] == {2: 0.25, 4: 0.25, 8: 0.5}
+
+
+def test_complementarity_is_the_union_of_early_exits() -> None:
+    large = _trace(conf=[[0.1, 0.1, 0.9, 0.1], [0.1, 0.1, 0.9, 0.1], [0.1, 0.1, 0.9, 0.9]],
+                   top1=SMALL.top1.tolist(), final=SMALL.final_top1.tolist())
+    c = complementarity(SMALL, large, 0.8, early_depth=0.5)
+    assert c == {"small_alone": 0.5, "large_alone": 0.25, "together": 0.75}
+    with pytest.raises(ValueError, match="same number|same tokens"):
+        complementarity(SMALL, _trace([[0.1]] * 3, [[1]] * 3, [1]), 0.8, 0.5)
