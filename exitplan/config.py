@@ -274,6 +274,10 @@ class TrainExitsParams(StrictModel):
     block_batch: int = Field(default=2, ge=1)
     """Sequences per block-head step."""
 
+    block_positions: int | None = Field(default=32, ge=1)
+    """Positions per sequence that enter the loss of a step (empty: all). The vocabulary projection dominates a
+    step's cost, so fewer positions make steps cheaper while the head still attends over the whole sequence."""
+
     thresholds: list[float] = Field(default_factory=lambda: [0.5, 0.8, 0.9], min_length=1)
     """Confidence thresholds at which confident shares and agreements are reported."""
 

@@ -131,11 +131,16 @@ LOSSES = {"topk_kl": topk_kl, "full_ce": full_softmax_ce}
 
 
 def train_block(model: EarlyExitLM, cache: ExitCache, exit_layer: int, steps: int = 200, lr: float = 1e-4,
-                batch_size: int = 4, seed: int = 0, loss: str = "full_ce") -> tuple[BlockHead, list[float]]:
+                batch_size: int = 4, seed: int = 0, loss: str = "full_ce",
+                positions_per_step: int | None = None) -> tuple[BlockHead, list[float]]:
     """Train a block head for ``exit_layer`` by distillation on the cached tensors (``loss``: a key of LOSSES).
 
     Warm start: the head's affine map is ridge-fitted onto the input of the last layer (the cache must hold the
     hidden states after layer ``num_layers - 1``) and its decoder layer is a copy of the last layer.
+
+    ``positions_per_step`` limits the loss to that many random positions of each sequence (the head still sees the
+    whole sequence): the vocabulary projection dominates the cost of a step, so this makes steps several times
+    cheaper.
 
     Returns:
         The trained head and the loss of each step.
@@ -163,7 +168,11 @@ def train_block(model: EarlyExitLM, cache: ExitCache, exit_layer: int, steps: in
     generator = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         pick = torch.randint(len(inputs), (min(batch_size, len(inputs)),), generator=generator)
-        value = LOSSES[loss](model, head(inputs[pick]), cache.teacher_index[pick], cache.teacher_logprob[pick])
+        mapped, index, logprob = head(inputs[pick]), cache.teacher_index[pick], cache.teacher_logprob[pick]
+        if positions_per_step is not None and positions_per_step < mapped.shape[1]:
+            where = torch.randperm(mapped.shape[1], generator=generator)[:positions_per_step]
+            mapped, index, logprob = mapped[:, where], index[:, where], logprob[:, where]
+        value = LOSSES[loss](model, mapped, index, logprob)
         optimiser.zero_grad()
         value.backward()
         optimiser.step()

@@ -84,7 +84,7 @@ def main(params: Params, model_name: str) -> dict[str, Any]:
             elif kind == "block":
                 heads[exit_layer], _ = train_block(model, train_cache, exit_layer, section.block_steps,
                                                    section.block_lr, section.block_batch, section.seed,
-                                                   section.block_loss)
+                                                   section.block_loss, section.block_positions)
             metrics = evaluate_exit(model, eval_cache, exit_layer, heads.get(exit_layer), section.thresholds)
             rows.append({"kind": kind, "exit_layer": exit_layer, "depth": exit_layer / model.num_layers, **metrics})
         if kind != "identity":
