@@ -9,15 +9,12 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from exitplan.errors import CatalogError
 from exitplan.yaml_model import StrictModel, load_yaml_model
-
-if TYPE_CHECKING:
-    from exitplan.config import Params
 
 GIB = 1024**3
 
@@ -288,28 +285,13 @@ class Catalog(StrictModel):
         """
         return _lookup(self._models, name, "model")
 
-    def unknown_model_problems(self, params: Params) -> list[str]:
-        """Problems with the models that ``params`` names: not in the catalog, or nothing to fetch them from."""
-        problems = []
-        for i, name in enumerate(params.fetch_models.models):
-            entry = self._models.get(name)
-            if entry is None:
-                problems.append(f"fetch_models.models.{i}: '{name}' is not in the catalog")
-            elif entry.source is None:
-                problems.append(f"fetch_models.models.{i}: '{name}' has no source to fetch (simulated only)")
-        for i, name in enumerate(params.build_perf_db.models):
-            if not isinstance(self._models.get(name), Model):
-                problems.append(f"build_perf_db.models.{i}: '{name}' is not a decoder model of the catalog")
-        for i, gpu in enumerate(params.build_perf_db.gpus):
-            if gpu not in self._gpus:
-                problems.append(f"build_perf_db.gpus.{i}: unknown GPU '{gpu}'; known: {sorted(self._gpus)}")
-        for i, name in enumerate(params.train_exits.models):
-            if name not in params.fetch_models.models:
-                problems.append(f"train_exits.models.{i}: '{name}' is not in fetch_models.models")
-        tokenizer = params.prepare_workload.tokenizer_model
-        if tokenizer not in params.fetch_models.models:
-            problems.append(f"prepare_workload.tokenizer_model: '{tokenizer}' is not in fetch_models.models")
-        return problems
+    def has_gpu(self, gpu_id: str) -> bool:
+        """Whether the catalog lists this GPU id."""
+        return gpu_id in self._gpus
+
+    def find_model(self, name: str) -> Model | Embedder | None:
+        """The model or embedder with this Hugging Face id, or None."""
+        return self._models.get(name)
 
 
 def _lookup(table: dict[str, Any], key: str, kind: str) -> Any:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from exitplan.errors import ConfigError
 from exitplan.yaml_model import StrictModel, load_yaml_model
+
+if TYPE_CHECKING:
+    from exitplan.catalog import Catalog
 
 DatasetName = Literal["sharegpt", "gsm8k", "mtbench", "humaneval", "aclsum"]
 """The packaged real data sets a workload can draw from (see ``exitplan.workload.sources``)."""
@@ -385,6 +388,33 @@ class Params(StrictModel):
         return self.path(self.fetch_models.checkpoint_dir) / model
 
 
+def catalog_problems(params: Params, catalog: Catalog) -> list[str]:
+    """Problems with what ``params`` names in the catalog: unknown models or GPUs, models with nothing to fetch."""
+    from exitplan.catalog import Model
+
+    problems = []
+    for i, name in enumerate(params.fetch_models.models):
+        entry = catalog.find_model(name)
+        if entry is None:
+            problems.append(f"fetch_models.models.{i}: '{name}' is not in the catalog")
+        elif entry.source is None:
+            problems.append(f"fetch_models.models.{i}: '{name}' has no source to fetch (simulated only)")
+    for i, name in enumerate(params.build_perf_db.models):
+        if not isinstance(catalog.find_model(name), Model):
+            problems.append(f"build_perf_db.models.{i}: '{name}' is not a decoder model of the catalog")
+    known = sorted(g.id for g in catalog.gpus)
+    for i, gpu in enumerate(params.build_perf_db.gpus):
+        if not catalog.has_gpu(gpu):
+            problems.append(f"build_perf_db.gpus.{i}: unknown GPU '{gpu}'; known: {known}")
+    for i, name in enumerate(params.train_exits.models):
+        if name not in params.fetch_models.models:
+            problems.append(f"train_exits.models.{i}: '{name}' is not in fetch_models.models")
+    tokenizer = params.prepare_workload.tokenizer_model
+    if tokenizer not in params.fetch_models.models:
+        problems.append(f"prepare_workload.tokenizer_model: '{tokenizer}' is not in fetch_models.models")
+    return problems
+
+
 def load_params(path: str | Path = DEFAULT_PARAMS, check_catalog: bool = True) -> Params:
     """Load and validate ``params.yaml``; with ``check_catalog``, also check every model it names is in the catalog.
 
@@ -397,8 +427,7 @@ def load_params(path: str | Path = DEFAULT_PARAMS, check_catalog: bool = True) -
     if check_catalog:
         from exitplan.catalog import load_catalog
 
-        catalog = load_catalog(params.path(params.catalog))
-        problems = catalog.unknown_model_problems(params)
+        problems = catalog_problems(params, load_catalog(params.path(params.catalog)))
         if problems:
             raise ConfigError(str(path), problems)
     return params
