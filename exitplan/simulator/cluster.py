@@ -7,14 +7,11 @@ differ (GPU type, TP, PP, held layers): BOUTE's heterogeneous deployments.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
 import numpy as np
 
 from exitplan.errors import SimulationError
 from exitplan.simulator.replica import ReplicaResult, ReplicaSimulator, RequestSet
-
-DispatchPolicy = Literal["round_robin", "weighted"]
 
 
 def dispatch(num_requests: int, num_replicas: int, weights: Sequence[float] | None = None) -> np.ndarray:

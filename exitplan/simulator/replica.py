@@ -23,8 +23,6 @@ from exitplan.config import EngineParams
 from exitplan.errors import SimulationError
 from exitplan.simulator.cost_model import CostModel, ReplicaSpec
 
-INF = float("inf")
-
 
 @dataclass(frozen=True)
 class RequestSet:
