@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -26,6 +26,14 @@ ParamsOption = Annotated[Path, typer.Option("--params", "-p", help="The params f
 def _params(path: Path) -> Params:
     """Load and validate params (and the models they name against the catalog) before any work."""
     return load_params(path)
+
+
+def _run_stage(name: str, params_path: Path, *args: str) -> tuple[Params, Any]:
+    """Validate params, then run ``exitplan.stages.<name>.main(params, *args)``; returns the params and its result."""
+    import importlib
+
+    loaded = _params(params_path)
+    return loaded, importlib.import_module(f"exitplan.stages.{name}").main(loaded, *args)
 
 
 @app.command("check-config")
@@ -137,20 +145,14 @@ def stage_fetch_models(
     params: ParamsOption = Path(DEFAULT_PARAMS),
 ) -> None:
     """Assemble one model from its packages, verify its SHA-256 and save a safetensors checkpoint."""
-    from exitplan.stages import fetch_models
-
-    loaded = _params(params)
-    metrics = fetch_models.main(loaded, model)
+    loaded, metrics = _run_stage("fetch_models", params, model)
     console.print(f"fetched {model} -> {loaded.checkpoint_path(model)} ({metrics['fetch_s']:.1f} s)")
 
 
 @stage_app.command("prepare-workload")
 def stage_prepare_workload(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
     """Build the query table and the request traces from the packaged data sets."""
-    from exitplan.stages import prepare_workload
-
-    loaded = _params(params)
-    metrics = prepare_workload.main(loaded)
+    loaded, metrics = _run_stage("prepare_workload", params)
     console.print(f"prepared {metrics['num_queries']} queries and {len(metrics['traces'])} traces "
                   f"in {loaded.path(loaded.prepare_workload.output_dir)}")
 
@@ -158,10 +160,7 @@ def stage_prepare_workload(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
 @stage_app.command("build-perf-db")
 def stage_build_perf_db(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
     """Simulate every feasible deployment of the scenario models at every load of the grid."""
-    from exitplan.stages import build_perf_db
-
-    loaded = _params(params)
-    metrics = build_perf_db.main(loaded)
+    loaded, metrics = _run_stage("build_perf_db", params)
     console.print(f"perf DB: {metrics['rows']} rows, {metrics['deployments']} deployments "
                   f"in {metrics['build_s']:.1f} s -> {loaded.path(loaded.build_perf_db.output_dir)}")
 
@@ -172,10 +171,7 @@ def stage_train_exits(
     params: ParamsOption = Path(DEFAULT_PARAMS),
 ) -> None:
     """Fit exit heads of every kind at every exit of one model; write the exit checkpoint and metrics."""
-    from exitplan.stages import train_exits
-
-    loaded = _params(params)
-    summary = train_exits.main(loaded, model)
+    loaded, summary = _run_stage("train_exits", params, model)
     console.print(f"exit heads of {model}: depth of 85% agreement {summary['depth85']} "
                   f"({summary['total_s']:.0f} s)")
 
@@ -183,10 +179,7 @@ def stage_train_exits(
 @stage_app.command("exit-profile")
 def stage_exit_profile(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
     """Profile the first confident exits of each model on held-out prompts (HELIOS's observations)."""
-    from exitplan.stages import exit_profile
-
-    loaded = _params(params)
-    summary = exit_profile.main(loaded)
+    loaded, summary = _run_stage("exit_profile", params)
     console.print(f"exit profile of {len(loaded.exit_profile.models)} models in {summary['seconds']:.0f} s; "
                   f"complementarity: {summary['complementarity']}")
 
