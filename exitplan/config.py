@@ -243,6 +243,9 @@ class TrainExitsParams(StrictModel):
     exit_every: int = Field(default=4, ge=1)
     """An exit after every this many layers (the last layer needs none)."""
 
+    exits_from_end: list[int] = Field(default_factory=list)
+    """Extra exits counted back from the last layer (2: after layer L-2), where agreement climbs fastest."""
+
     head_kinds: list[Literal["identity", "affine", "block"]] = Field(default_factory=lambda: ["affine", "block"])
     """Exit-head kinds to fit and compare (``identity`` = the plain final norm + LM head, the baseline)."""
 
@@ -290,6 +293,19 @@ class TrainExitsParams(StrictModel):
     output_dir: str = "model_repository/exits"
     """Folder of the exit checkpoints: ``<output_dir>/<hf id>/`` (a DVC output)."""
 
+    @field_validator("exits_from_end")
+    @classmethod
+    def _positive(cls, values: list[int]) -> list[int]:
+        if any(v < 1 for v in values):
+            raise ValueError("exits_from_end counts layers back from the last one: each must be >= 1")
+        return values
+
+    def exit_layers(self, num_layers: int) -> list[int]:
+        """The exit layers (1-based, increasing, all below ``num_layers``) of a model with ``num_layers`` layers."""
+        every = range(self.exit_every, num_layers, self.exit_every)
+        back = (num_layers - k for k in self.exits_from_end if 1 <= num_layers - k)
+        return sorted({*every, *back})
+
 
 class ExitProfileParams(StrictModel):
     """Stage ``exit_profile``: HELIOS's observations on held-out prompts, per model and confidence threshold."""
@@ -297,8 +313,10 @@ class ExitProfileParams(StrictModel):
     models: list[str] = Field(min_length=1)
     """Models with exit checkpoints (from ``train_exits``); two sharing a tokenizer give complementarity."""
 
-    head_kind: Literal["identity", "affine", "block"] = "block"
-    """Exit-head kind whose exits are profiled."""
+    head_kinds: list[Literal["identity", "affine", "block"]] = Field(
+        default_factory=lambda: ["identity", "affine", "block"], min_length=1)
+    """Exit-head kinds to profile (each must have been trained by ``train_exits``); one forward pass serves all.
+    Cost: one vocabulary projection per exit per token per kind."""
 
     datasets: list[DatasetName] = Field(default_factory=lambda: ["sharegpt", "gsm8k", "humaneval", "aclsum"])
     """Held-out prompts come from these data sets (queries never used for training the heads)."""

@@ -33,11 +33,11 @@ def write_index(out_dir: Path, index: dict[str, Any]) -> Path:
     return write_json(out_dir / INDEX, index)
 
 
-def load_heads(model: EarlyExitLM, exits_dir: Path, kind: str) -> list[int]:
-    """Register the ``kind`` heads saved in ``exits_dir`` on ``model``; returns their exit layers.
+def read_heads(model: EarlyExitLM, exits_dir: Path, kind: str) -> tuple[list[int], dict[int, nn.Module]]:
+    """The exit layers saved in ``exits_dir`` and the ``kind`` heads for them (none for ``identity``), unregistered.
 
     Raises:
-        ExitplanError: if the folder has no such kind.
+        ExitplanError: if the folder has no exit checkpoint or no such kind.
     """
     from safetensors.torch import load_file
 
@@ -49,11 +49,24 @@ def load_heads(model: EarlyExitLM, exits_dir: Path, kind: str) -> list[int]:
         raise ExitplanError(f"{exits_dir} has no '{kind}' heads; it has {index['kinds']}")
     exits = [int(e) for e in index["exit_layers"]]
     if kind == "identity":
-        return exits
+        return exits, {}
     tensors = load_file(str(exits_dir / f"{kind}.safetensors"))
+    heads: dict[int, nn.Module] = {}
     for exit_layer in exits:
         head = make_head(kind, model, exit_layer)
         prefix = f"{exit_layer}."
         head.load_state_dict({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
-        model.add_exit_head(exit_layer, head.eval())
+        heads[exit_layer] = head.eval()
+    return exits, heads
+
+
+def load_heads(model: EarlyExitLM, exits_dir: Path, kind: str) -> list[int]:
+    """Register the ``kind`` heads saved in ``exits_dir`` on ``model``; returns their exit layers.
+
+    Raises:
+        ExitplanError: if the folder has no exit checkpoint or no such kind.
+    """
+    exits, heads = read_heads(model, exits_dir, kind)
+    for exit_layer, head in heads.items():
+        model.add_exit_head(exit_layer, head)
     return exits

@@ -7,7 +7,7 @@ Observation 2: most low-confidence early tokens still equal the final layer's to
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,7 @@ from exitplan.earlyexit.confidence import confidence as confidence_of
 
 @dataclass
 class TokenExits:
-    """Per token and exit: confidence and top-1 token; per token: the final layer's top-1.
+    """Per token and exit: confidence, top-1 token and loss on the next token; per token: the final layer's.
 
     Attributes:
         exit_layers: Exit layers (1-based), increasing; ``E`` of them.
@@ -26,6 +26,8 @@ class TokenExits:
         confidence: ``E x n`` confidences.
         top1: ``E x n`` top-1 token ids at each exit.
         final_top1: ``n`` top-1 token ids of the final layer.
+        nll: ``E x n`` negative log-likelihood of the actual next token at each exit (NaN where a chunk ends).
+        final_nll: ``n`` the same at the final layer.
     """
 
     exit_layers: list[int]
@@ -33,30 +35,79 @@ class TokenExits:
     confidence: np.ndarray
     top1: np.ndarray
     final_top1: np.ndarray
+    nll: np.ndarray | None = None
+    final_nll: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.final_top1)
+
+    def subset(self, keep: np.ndarray) -> TokenExits:
+        """The same record restricted to the tokens where ``keep`` (a boolean mask of length ``n``) is true."""
+        return TokenExits(self.exit_layers, self.num_layers, self.confidence[:, keep], self.top1[:, keep],
+                          self.final_top1[keep], None if self.nll is None else self.nll[:, keep],
+                          None if self.final_nll is None else self.final_nll[keep])
+
+
+def _next_token_nll(logits: Any, tokens: Any) -> np.ndarray:
+    """NLL of each position's next token, flattened; NaN at each chunk's last position (no next token there)."""
+    import torch
+
+    logprob = logits[:, :-1].log_softmax(-1).gather(-1, tokens[:, 1:, None])[..., 0]
+    nll = torch.full(tokens.shape, float("nan"))
+    nll[:, :-1] = -logprob
+    return nll.flatten().numpy()
+
+
+def trace_kinds(model: Any, chunks: Any, exit_layers: Sequence[int], heads: Mapping[str, Mapping[int, Any]],
+                kind: str = "max_prob", batch_size: int = 4) -> dict[str, TokenExits]:
+    """Run ``model`` (an EarlyExitLM) once over token chunks and record every exit under every set of heads.
+
+    Args:
+        model: The early-exit LM (whole: the final layer is the reference).
+        chunks: Token chunks, ``chunks x T``.
+        exit_layers: Exit layers to record.
+        heads: Head kind -> exit layer -> head module; an exit with no module applies the final norm directly.
+        kind: Confidence measure (a key of :data:`exitplan.earlyexit.confidence.CONFIDENCES`).
+        batch_size: Chunks per forward pass.
+
+    Returns:
+        Head kind -> its record; all kinds share the forward pass and the final layer's tokens.
+    """
+    import torch
+
+    per_kind = {name: {"conf": [], "top": [], "nll": []} for name in heads}
+    final, final_nll = [], []
+    with torch.no_grad():
+        for start in range(0, len(chunks), batch_size):
+            batch = chunks[start:start + batch_size]
+            outputs = model.layer_outputs(batch)
+            for name, mine in heads.items():
+                rec = per_kind[name]
+                for i, e in enumerate(exit_layers):
+                    hidden = outputs[e - 1]
+                    head = mine.get(e)
+                    logits = model.model.lm_head(model.model.model.norm(head(hidden) if head else hidden)).float()
+                    for key, value in (("conf", confidence_of(logits, kind).flatten().numpy()),
+                                       ("top", logits.argmax(-1).flatten().numpy()),
+                                       ("nll", _next_token_nll(logits, batch))):
+                        rec[key].append((i, value))
+            last = model.model.lm_head(model.model.model.norm(outputs[-1])).float()
+            final.append(last.argmax(-1).flatten().numpy())
+            final_nll.append(_next_token_nll(last, batch))
+
+    def stack(pairs: list[tuple[int, np.ndarray]]) -> np.ndarray:
+        return np.stack([np.concatenate([v for j, v in pairs if j == i]) for i in range(len(exit_layers))])
+
+    return {name: TokenExits(list(exit_layers), model.num_layers, stack(rec["conf"]), stack(rec["top"]),
+                             np.concatenate(final), stack(rec["nll"]), np.concatenate(final_nll))
+            for name, rec in per_kind.items()}
 
 
 def trace_exits(model: Any, chunks: Any, exit_layers: Sequence[int], kind: str = "max_prob",
                 batch_size: int = 4) -> TokenExits:
     """Run ``model`` (an EarlyExitLM with its exit heads registered) over token chunks and record every exit."""
-    import torch
-
-    conf: list[list[np.ndarray]] = [[] for _ in exit_layers]
-    top: list[list[np.ndarray]] = [[] for _ in exit_layers]
-    final: list[np.ndarray] = []
-    with torch.no_grad():
-        for start in range(0, len(chunks), batch_size):
-            outputs = model.layer_outputs(chunks[start:start + batch_size])
-            for i, e in enumerate(exit_layers):
-                logits = model.exit_logits(outputs[e - 1], e).float()
-                conf[i].append(confidence_of(logits, kind).flatten().numpy())
-                top[i].append(logits.argmax(-1).flatten().numpy())
-            last = model.model.lm_head(model.model.model.norm(outputs[-1]))
-            final.append(last.argmax(-1).flatten().numpy())
-    return TokenExits(list(exit_layers), model.num_layers, np.stack([np.concatenate(c) for c in conf]),
-                      np.stack([np.concatenate(t) for t in top]), np.concatenate(final))
+    heads = {e: model.exit_heads[str(e)] for e in exit_layers if str(e) in model.exit_heads}
+    return trace_kinds(model, chunks, exit_layers, {"registered": heads}, kind, batch_size)["registered"]
 
 
 def first_confident_exit(exits: TokenExits, threshold: float) -> np.ndarray:
@@ -90,7 +141,7 @@ def profile_metrics(exits: TokenExits, threshold: float, early_depth: float) -> 
     agree0 = exits.top1[0] == exits.final_top1
     layers, counts = np.unique(first, return_counts=True)
     return {
-        "tokens": int(len(exits)),
+        "tokens": len(exits),
         "earliest_share": float(np.mean(~low)),
         "early_share": float(np.mean(first <= early_depth * exits.num_layers)),
         "exited_share": float(np.mean(exited)),
@@ -113,3 +164,27 @@ def complementarity(small: TokenExits, large: TokenExits, threshold: float, earl
     a = exits_early(small, threshold, early_depth)
     b = exits_early(large, threshold, early_depth)
     return {"small_alone": float(a.mean()), "large_alone": float(b.mean()), "together": float((a | b).mean())}
+
+
+def exit_curve(exits: TokenExits, thresholds: Sequence[float]) -> list[dict[str, float]]:
+    """Per exit: agreement with the final layer (all tokens, and confident tokens with the share they cover), and
+    perplexity of the next tokens at the exit and at the final layer (needs ``nll``)."""
+    agree = exits.top1 == exits.final_top1
+    rows = []
+    for i, layer in enumerate(exits.exit_layers):
+        row = {"exit_layer": int(layer), "depth": layer / exits.num_layers, "agreement": float(agree[i].mean())}
+        if exits.nll is not None and exits.final_nll is not None:
+            row["perplexity"] = float(np.exp(np.nanmean(exits.nll[i])))
+            row["final_perplexity"] = float(np.exp(np.nanmean(exits.final_nll)))
+        for t in thresholds:
+            above = exits.confidence[i] >= t
+            row[f"confident_share@{t}"] = float(above.mean())
+            row[f"confident_agreement@{t}"] = float(agree[i][above].mean()) if above.any() else float("nan")
+        rows.append(row)
+    return rows
+
+
+def depth_reaching(curve: Sequence[Mapping[str, float]], level: float = 0.85) -> float:
+    """Shallowest exit depth (share of layers) whose all-token agreement reaches ``level``; 1.0 if none does."""
+    depths = [row["depth"] for row in curve if row["agreement"] >= level]
+    return min(depths) if depths else 1.0

@@ -52,8 +52,14 @@ def main(params: Params, model_name: str) -> dict[str, Any]:
 
     from exitplan.earlyexit.checkpoint import save_heads, write_index
     from exitplan.earlyexit.partial_model import EarlyExitLM
-    from exitplan.earlyexit.training import (collect, evaluate_exit, fit_affine, perplexity, tokenize_chunks,
-                                             train_block)
+    from exitplan.earlyexit.training import (
+        collect,
+        evaluate_exit,
+        fit_affine,
+        perplexity,
+        tokenize_chunks,
+        train_block,
+    )
     from exitplan.workload.split import split_queries
 
     section = params.train_exits
@@ -68,7 +74,7 @@ def main(params: Params, model_name: str) -> dict[str, Any]:
     train = tokenize_chunks(tokenizer, train_q["text"].tolist(), section.chunk_tokens, section.train_chunks)
     held_out = tokenize_chunks(tokenizer, eval_q["text"].tolist(), section.chunk_tokens, section.eval_chunks)
     model = EarlyExitLM.from_pretrained(checkpoint)
-    exits = list(range(section.exit_every, model.num_layers, section.exit_every))
+    exits = section.exit_layers(model.num_layers)
     cached = sorted({*exits, model.num_layers - 1})
     train_cache = collect(model, train, cached, section.top_k)
     eval_cache = collect(model, held_out, cached, section.top_k)

@@ -95,3 +95,13 @@ def test_check_config_command(tmp_path: Path, tree: dict) -> None:
     assert isinstance(result.exception, ConfigError)
     assert "bogus: unknown key" in str(result.exception)
     assert "tracking.experiment" in str(result.exception)
+
+
+def test_exit_layers_every_n_plus_from_the_end(tmp_path: Path, tree: dict) -> None:
+    tree["train_exits"].update(exit_every=4, exits_from_end=[2, 1])
+    section = load_params(_write(tmp_path, tree)).train_exits
+    assert section.exit_layers(24) == [4, 8, 12, 16, 20, 22, 23]
+    assert section.exit_layers(28) == [4, 8, 12, 16, 20, 24, 26, 27]
+    tree["train_exits"]["exits_from_end"] = [0]
+    with pytest.raises(ConfigError, match="train_exits.exits_from_end"):
+        load_params(_write(tmp_path, tree))

@@ -27,10 +27,11 @@ def _small_params(repo: Path) -> dict:
                            "num_requests": 60, "mix": {"gsm8k": 0.5, "humaneval": 0.5}}]
     tree["build_perf_db"].update(models=[SMOLLM2, "meta-llama/Llama-2-7b-hf"], gpus=["rtx-4090"], qps=[1.0, 4.0],
                                  requests_per_point=50, lengths_trace="small", max_gpus_per_replica=2, workers=1)
-    tree["train_exits"].update(models=[SMOLLM2], exit_every=10, head_kinds=["affine", "block"],
+    tree["train_exits"].update(models=[SMOLLM2], exit_every=10, exits_from_end=[2],
+                               head_kinds=["affine", "block"],
                                datasets=["gsm8k", "humaneval"], chunk_tokens=32, train_chunks=24, eval_chunks=4,
                                top_k=8, block_steps=2)
-    tree["exit_profile"].update(models=[SMOLLM2], head_kind="block", datasets=["gsm8k", "humaneval"], chunk_tokens=32,
+    tree["exit_profile"].update(models=[SMOLLM2], head_kinds=["identity", "block"], datasets=["gsm8k", "humaneval"], chunk_tokens=32,
                                 chunks_per_dataset=2, thresholds=[0.5, 0.9])
     return tree
 
@@ -71,7 +72,13 @@ def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) 
     assert {p.name for p in exits.iterdir()} == {"exits.json", "affine.safetensors", "block.safetensors"}
     assert flow_results[4].ran == ["exit_profile"]
     profile = pd.read_parquet(repo / "data" / "exit_profile" / "profile.parquet")
-    assert len(profile) == 2 * 2 * 2 * 32 and set(profile["first_exit"]) <= {10, 20, 30}
+    # 2 kinds x 2 thresholds x (2 data sets x 2 chunks x 32 tokens); exits at 10, 20 and 28 (= 30 - 2)
+    assert len(profile) == 2 * 2 * 2 * 2 * 32 and set(profile["first_exit"]) <= {10, 20, 28, 30}
+    assert set(profile["kind"]) == {"identity", "block"}
+    curves = pd.read_csv(repo / "reports" / "exit_profile" / "curves.csv")
+    assert set(curves["exit_layer"]) == {10, 20, 28} and set(curves["dataset"]) == {"all", "gsm8k", "humaneval"}
+    observations = pd.read_csv(repo / "reports" / "exit_profile" / "observations.csv")
+    assert len(observations) == 2 * 3 * 2  # kinds x data sets (and all) x thresholds
     assert (repo / "model_repository" / "checkpoints" / SMOLLM2 / "model.safetensors").is_file()
     trace = pd.read_parquet(repo / "data" / "workload" / "trace_small.parquet")
     assert len(trace) == 60 and set(trace["dataset"]) == {"gsm8k", "humaneval"}

@@ -4,8 +4,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
 
-from exitplan.earlyexit.profile import TokenExits, complementarity, first_confident_exit, profile_metrics
+from exitplan.earlyexit.heads import AffineHead
+from exitplan.earlyexit.partial_model import EarlyExitLM
+from exitplan.earlyexit.profile import (
+    TokenExits,
+    complementarity,
+    depth_reaching,
+    exit_curve,
+    first_confident_exit,
+    profile_metrics,
+    trace_kinds,
+)
 
 
 def _trace(conf: list[list[float]], top1: list[list[int]], final: list[int]) -> TokenExits:
@@ -41,3 +53,37 @@ def test_complementarity_is_the_union_of_early_exits() -> None:
     assert c == {"small_alone": 0.5, "large_alone": 0.25, "together": 0.75}
     with pytest.raises(ValueError, match="same number|same tokens"):
         complementarity(SMALL, _trace([[0.1]] * 3, [[1]] * 3, [1]), 0.8, 0.5)
+
+
+def test_exit_curve_and_depth_reaching() -> None:
+    curve = exit_curve(SMALL, thresholds=[0.8])
+    assert [r["agreement"] for r in curve] == [0.25, 0.5, 0.75]
+    assert curve[1]["confident_share@0.8"] == 0.5 and curve[1]["confident_agreement@0.8"] == 1.0
+    assert depth_reaching(curve, 0.5) == 0.5  # layer 4 of 8
+    assert depth_reaching(curve, 0.7) == 0.75  # layer 6 of 8
+    assert depth_reaching(curve, 0.85) == 1.0  # no exit reaches it
+
+
+def test_subset_keeps_the_chosen_tokens() -> None:
+    sub = SMALL.subset(np.array([True, False, False, True]))
+    assert len(sub) == 2 and sub.final_top1.tolist() == [5, 4] and sub.top1[:, 1].tolist() == [9, 9, 9]
+
+
+def test_trace_kinds_shares_one_pass_and_matches_the_model(tiny_llama, tmp_path) -> None:
+    torch.manual_seed(0)
+    tiny_llama.save_pretrained(str(tmp_path))
+    model = EarlyExitLM.from_pretrained(tmp_path)
+    chunks = torch.randint(0, model.full_config.vocab_size, (3, 12))
+    affine = AffineHead(model.full_config.hidden_size)
+    with torch.no_grad():
+        affine.linear.weight.mul_(0.5)
+    traces = trace_kinds(model, chunks, [1, 2], {"identity": {}, "affine": {1: affine}}, batch_size=2)
+    ident, aff = traces["identity"], traces["affine"]
+    assert (ident.final_top1 == aff.final_top1).all()
+    assert (ident.top1[1] == aff.top1[1]).all() and not np.allclose(ident.confidence[0], aff.confidence[0])
+    with torch.no_grad():
+        out = model.model(input_ids=chunks)
+    expected = F.cross_entropy(out.logits[:, :-1].reshape(-1, out.logits.shape[-1]), chunks[:, 1:].reshape(-1))
+    assert np.isnan(ident.final_nll.reshape(3, 12)[:, -1]).all()
+    assert np.nanmean(ident.final_nll) == pytest.approx(float(expected), rel=1e-4)
+    assert (ident.final_top1 == out.logits.argmax(-1).flatten().numpy()).all()

@@ -1,0 +1,153 @@
+"""Batched forward passes of an early-exit LM over a paged KV pool: prompts and decode tokens of many sequences.
+
+Tokens of all sequences in a step are packed into one ``N x d`` tensor: the projections and MLPs run once over all
+of them; attention runs per sequence against that sequence's keys and values in the :class:`KVPool` (written first,
+so a sequence's new tokens see each other causally). A sequence's new tokens need not be contiguous positions: the
+per-token early-exit baseline sends earlier tokens that exited shallower along with the current one, to fill their
+deep KV (EE-LLM's recomputation). The layer maths is the transformers Qwen2/Llama decoder layer's (RMS norm, rotary
+attention with grouped KV heads, gated MLP), reusing the layer's own modules, so outputs equal transformers' own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from exitplan.earlyexit.heads import BlockHead
+from exitplan.earlyexit.kv_pool import KVPool, KVShape
+from exitplan.earlyexit.partial_model import EarlyExitLM
+
+
+@dataclass
+class Work:
+    """New tokens of one sequence for one pass.
+
+    Attributes:
+        tokens: Token ids to run.
+        positions: Their positions in the sequence (increasing; earlier positions are already cached).
+        blocks: The sequence's KV blocks (covering every position up to the last one here).
+    """
+
+    tokens: Sequence[int]
+    positions: Sequence[int]
+    blocks: Sequence[int]
+
+    @classmethod
+    def span(cls, tokens: Sequence[int], start: int, blocks: Sequence[int]) -> Work:
+        """Work for ``tokens`` at contiguous positions from ``start``."""
+        return cls(tokens, range(start, start + len(tokens)), blocks)
+
+
+def kv_shape(model: EarlyExitLM) -> KVShape:
+    """KV shape per token and layer of ``model``."""
+    attn = model.model.model.layers[0].self_attn
+    dtype = next(model.parameters()).dtype
+    return KVShape(attn.k_proj.out_features // attn.head_dim, attn.head_dim, dtype)
+
+
+def cached_layers(exit_layer: int, head: nn.Module | None) -> int:
+    """Layer slots a pool needs to exit after ``exit_layer`` with ``head`` (a block head caches one more layer)."""
+    return exit_layer + (1 if isinstance(head, BlockHead) else 0)
+
+
+class PagedRunner:
+    """Runs packed tokens of several sequences through the first layers of ``model`` and an exit, caching KV.
+
+    Args:
+        model: The early-exit LM (its held layers are the ones that can run).
+        pool: KV pool with a slot per cached layer (see :func:`cached_layers`).
+    """
+
+    def __init__(self, model: EarlyExitLM, pool: KVPool) -> None:
+        self.model, self.pool = model, pool
+        self.inner = model.model.model
+
+    # --- pieces ----------------------------------------------------------------------------------------------------
+    def embed(self, works: Sequence[Work]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """Embeddings ``N x d`` of all new tokens, their positions ``N``, and each work's row indices."""
+        ids = torch.as_tensor([t for w in works for t in w.tokens], dtype=torch.long)
+        positions = torch.as_tensor([p for w in works for p in w.positions], dtype=torch.long)
+        rows, start = [], 0
+        for w in works:
+            rows.append(torch.arange(start, start + len(w.tokens)))
+            start += len(w.tokens)
+        return self.inner.embed_tokens(ids), positions, rows
+
+    def rope(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary cos/sin for ``positions``, each ``1 x N x head_dim``."""
+        return self.inner.rotary_emb(x[None], positions[None])
+
+    def layer(self, slot: int, layer: nn.Module, x: torch.Tensor, positions: torch.Tensor, rows: list[torch.Tensor],
+              works: Sequence[Work], rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """One decoder layer over packed tokens; their keys and values go to the pool's layer slot ``slot``."""
+        residual = x
+        h = layer.input_layernorm(x)
+        h = self._attention(slot, layer.self_attn, h, positions, rows, works, rope)
+        x = residual + h
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def _attention(self, slot: int, attn: nn.Module, x: torch.Tensor, positions: torch.Tensor,
+                   rows: list[torch.Tensor], works: Sequence[Work],
+                   rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        n, hd = x.shape[0], attn.head_dim
+        q = attn.q_proj(x).view(1, n, -1, hd).transpose(1, 2)
+        k = attn.k_proj(x).view(1, n, -1, hd).transpose(1, 2)
+        v = attn.v_proj(x).view(n, -1, hd)
+        q, k = apply_rotary_pos_emb(q, k, *rope)
+        q, k = q[0].transpose(0, 1), k[0].transpose(0, 1)  # n x heads x hd
+        out = torch.empty_like(q)
+        for index, work in zip(rows, works, strict=True):
+            mine = positions[index]
+            self.pool.write(slot, self.pool.slots(list(work.blocks), 0, int(mine[-1]) + 1)[mine], k[index], v[index])
+            context = int(mine[-1]) + 1
+            keys, values = self.pool.read(slot, self.pool.slots(list(work.blocks), 0, context))
+            mask = None
+            if len(index) > 1 or context != int(mine[0]) + 1:
+                mask = torch.arange(context)[None, :] <= mine[:, None]
+            out[index] = F.scaled_dot_product_attention(
+                q[index].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask,
+                scale=attn.scaling, enable_gqa=True).transpose(0, 1)
+        return attn.o_proj(out.reshape(n, -1))
+
+    # --- whole passes ----------------------------------------------------------------------------------------------
+    def hidden(self, works: Sequence[Work], upto: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor],
+                                                                    tuple[torch.Tensor, torch.Tensor]]:
+        """Hidden states ``N x d`` after layer ``upto`` of all new tokens (KV of layers 1..upto cached)."""
+        x, positions, rows = self.embed(works)
+        rope = self.rope(x, positions)
+        for i in range(upto):
+            x = self.layer(i, self.inner.layers[i], x, positions, rows, works, rope)
+        return x, positions, rows, rope
+
+    def exit_hidden(self, x: torch.Tensor, exit_layer: int, head: nn.Module | None, positions: torch.Tensor,
+                    rows: list[torch.Tensor], works: Sequence[Work],
+                    rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """The exit head's output for hidden states after ``exit_layer`` (a block head caches KV in the next slot)."""
+        if head is None:
+            return x
+        if isinstance(head, BlockHead):
+            return self.layer(exit_layer, head.layer, head.affine(x), positions, rows, works, rope)
+        return head(x)
+
+    def logits(self, mapped: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head."""
+        return self.model.model.lm_head(self.inner.norm(mapped)).float()
+
+    @torch.no_grad()
+    def forward(self, works: Sequence[Work], exit_layer: int, head: nn.Module | None = None,
+                all_positions: bool = False) -> torch.Tensor:
+        """Run the new tokens through layers 1..``exit_layer`` and the exit; logits of each work's last token
+        (``B x vocab``), or of every new token (``N x vocab``) with ``all_positions``."""
+        x, positions, rows, rope = self.hidden(works, exit_layer)
+        if not all_positions:
+            last = torch.as_tensor([int(r[-1]) for r in rows])
+            if not isinstance(head, BlockHead):  # a block head must see every token to cache its KV
+                return self.logits(self.exit_hidden(x[last], exit_layer, head, positions, rows, works, rope))
+            return self.logits(self.exit_hidden(x, exit_layer, head, positions, rows, works, rope)[last])
+        return self.logits(self.exit_hidden(x, exit_layer, head, positions, rows, works, rope))
