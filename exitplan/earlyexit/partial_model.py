@@ -118,27 +118,58 @@ class EarlyExitLM(nn.Module):
         Raises:
             ExitplanError: if the model was not built from a checkpoint folder.
         """
-        if self.held_layers == self.num_layers:
-            return
+        self.attach_layers(self.read_layers(self.num_layers))
+
+    def read_layers(self, upto: int) -> list[nn.Module]:
+        """Build layers ``held_layers+1..upto`` from the checkpoint, without attaching them (safe to run in a
+        background thread while the held layers keep serving: nothing the model uses is touched).
+
+        Raises:
+            ExitplanError: if the model was not built from a checkpoint folder, or ``upto`` is out of range.
+        """
+        start = self.held_layers
+        if not start <= upto <= self.num_layers:
+            raise ExitplanError(f"cannot grow {start} held layers to {upto} (the model has {self.num_layers})")
+        if upto == start:
+            return []
         if self.checkpoint is None:
             raise ExitplanError("this model was not loaded from a checkpoint; cannot load its remaining layers")
-        start = self.held_layers
         layer_cls = type(self.model.model.layers[0])
         reference = next(self.model.parameters())
-        state = _read_tensors(self.checkpoint, lambda n: (i := _layer_index(n)) is not None and i >= start)
+        state = _read_tensors(self.checkpoint, lambda n: (i := _layer_index(n)) is not None and start <= i < upto)
         # The running model's config carries the attention implementation chosen at load; widen it to all layers.
         whole = _truncated_config(self.model.config, self.held_layers)
         whole.num_hidden_layers = self.num_layers
         if getattr(self.full_config, "layer_types", None) is not None:
             whole.layer_types = list(self.full_config.layer_types)
-        for index in range(start, self.num_layers):
+        layers = []
+        for index in range(start, upto):
             layer = layer_cls(whole, layer_idx=index)
             prefix = f"model.layers.{index}."
             layer.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
-            self.model.model.layers.append(layer.to(dtype=reference.dtype).eval())
-        self.model.config.num_hidden_layers = self.num_layers
-        if getattr(whole, "layer_types", None) is not None:
-            self.model.config.layer_types = whole.layer_types
+            layers.append(layer.to(dtype=reference.dtype).eval())
+        return layers
+
+    def attach_layers(self, layers: list[nn.Module]) -> None:
+        """Append layers built by :meth:`read_layers` (they must continue the held stack)."""
+        held = self.held_layers
+        for offset, layer in enumerate(layers):
+            if layer.self_attn.layer_idx != held + offset:
+                raise ExitplanError(f"layer {layer.self_attn.layer_idx} does not follow the {held} held layers")
+        for layer in layers:
+            self.model.model.layers.append(layer)
+        self.model.config.num_hidden_layers = self.held_layers
+        if getattr(self.full_config, "layer_types", None) is not None:
+            self.model.config.layer_types = list(self.full_config.layer_types)[: self.held_layers]
+
+    def weight_bytes(self) -> int:
+        """Bytes of the parameters in memory (a tied LM head counted once), exit heads included."""
+        seen, total = set(), 0
+        for p in self.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.nbytes
+        return total
 
     # --- forward -------------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -163,7 +194,7 @@ class EarlyExitLM(nn.Module):
         The exit's own head (if one is registered for this layer) maps the hidden state first; then the model's
         final norm and LM head apply. The last layer of the full model needs no head.
         """
-        head = self.exit_heads[str(exit_layer)] if str(exit_layer) in self.exit_heads else None
+        head = self.exit_heads[str(exit_layer)] if str(exit_layer) in self.exit_heads else None  # noqa: SIM401
         mapped = head(hidden) if head is not None else hidden
         return self.model.lm_head(self.model.model.norm(mapped))
 

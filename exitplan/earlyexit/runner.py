@@ -10,8 +10,9 @@ attention with grouped KV heads, gated MLP), reusing the layer's own modules, so
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +55,39 @@ def cached_layers(exit_layer: int, head: nn.Module | None) -> int:
     return exit_layer + (1 if isinstance(head, BlockHead) else 0)
 
 
+@dataclass
+class Timings:
+    """Seconds the runner spent, per kind of pass (``prefill``: any pass with more tokens than sequences).
+
+    Attributes:
+        layer_s: Kind -> seconds in decoder layers (embedding included).
+        layer_token_layers: Kind -> tokens x layers run.
+        head_s: Kind -> seconds in exits (exit head, final norm, LM head).
+        head_tokens: Kind -> token-exits computed.
+    """
+
+    layer_s: dict[str, float] = field(default_factory=lambda: {"prefill": 0.0, "decode": 0.0})
+    layer_token_layers: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0})
+    head_s: dict[str, float] = field(default_factory=lambda: {"prefill": 0.0, "decode": 0.0})
+    head_tokens: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0})
+
+    def add(self, kind: str, tokens: int, layers: int, layer_s: float, head_tokens: int, head_s: float) -> None:
+        """Account one pass."""
+        self.layer_s[kind] += layer_s
+        self.layer_token_layers[kind] += tokens * max(layers, 1)
+        self.head_s[kind] += head_s
+        self.head_tokens[kind] += head_tokens
+
+    def per_token_layer(self, kind: str) -> float:
+        """Measured seconds per token per layer (0 before any pass of that kind)."""
+        return self.layer_s[kind] / self.layer_token_layers[kind] if self.layer_token_layers[kind] else 0.0
+
+    def per_head_token(self) -> float:
+        """Measured seconds per token-exit of the exits, over both kinds of pass."""
+        tokens = sum(self.head_tokens.values())
+        return sum(self.head_s.values()) / tokens if tokens else 0.0
+
+
 class PagedRunner:
     """Runs packed tokens of several sequences through the first layers of ``model`` and an exit, caching KV.
 
@@ -65,6 +99,7 @@ class PagedRunner:
     def __init__(self, model: EarlyExitLM, pool: KVPool) -> None:
         self.model, self.pool = model, pool
         self.inner = model.model.model
+        self.timings = Timings()
 
     # --- pieces ----------------------------------------------------------------------------------------------------
     def embed(self, works: Sequence[Work]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
@@ -116,23 +151,14 @@ class PagedRunner:
         return attn.o_proj(out.reshape(n, -1))
 
     # --- whole passes ----------------------------------------------------------------------------------------------
-    def hidden(self, works: Sequence[Work], upto: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor],
-                                                                    tuple[torch.Tensor, torch.Tensor]]:
-        """Hidden states ``N x d`` after layer ``upto`` of all new tokens (KV of layers 1..upto cached)."""
-        x, positions, rows = self.embed(works)
-        rope = self.rope(x, positions)
-        for i in range(upto):
-            x = self.layer(i, self.inner.layers[i], x, positions, rows, works, rope)
-        return x, positions, rows, rope
-
-    def exit_hidden(self, x: torch.Tensor, exit_layer: int, head: nn.Module | None, positions: torch.Tensor,
+    def exit_hidden(self, x: torch.Tensor, slot: int, head: nn.Module | None, positions: torch.Tensor,
                     rows: list[torch.Tensor], works: Sequence[Work],
                     rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """The exit head's output for hidden states after ``exit_layer`` (a block head caches KV in the next slot)."""
+        """An exit head's output for hidden states ``x`` (a block head caches its KV in layer slot ``slot``)."""
         if head is None:
             return x
         if isinstance(head, BlockHead):
-            return self.layer(exit_layer, head.layer, head.affine(x), positions, rows, works, rope)
+            return self.layer(slot, head.layer, head.affine(x), positions, rows, works, rope)
         return head(x)
 
     def logits(self, mapped: torch.Tensor) -> torch.Tensor:
@@ -140,14 +166,40 @@ class PagedRunner:
         return self.model.model.lm_head(self.inner.norm(mapped)).float()
 
     @torch.no_grad()
+    def forward_exits(self, works: Sequence[Work], upto: int, exits: Mapping[int, nn.Module | None],
+                      all_positions: bool = False) -> dict[int, torch.Tensor]:
+        """Run the new tokens through layers 1..``upto`` and the given exits (exit layer -> head, all <= ``upto``).
+
+        Block heads cache KV in the slots after the layers', in the order of ``exits``. Returns exit layer -> logits
+        of each work's last token (``B x vocab``), or of every new token (``N x vocab``) with ``all_positions``.
+        Time spent in the layers and in the heads is added to :attr:`timings`.
+        """
+        started = time.perf_counter()
+        x, positions, rows = self.embed(works)
+        rope = self.rope(x, positions)
+        last = torch.as_tensor([int(r[-1]) for r in rows])
+        slots = {e: upto + i for i, e in enumerate(e for e, h in exits.items() if isinstance(h, BlockHead))}
+        out: dict[int, torch.Tensor] = {}
+        layer_s = 0.0
+        for i in range(upto + 1):
+            if i in exits:
+                mark = time.perf_counter()
+                head = exits[i]
+                if isinstance(head, BlockHead) or all_positions:
+                    mapped = self.exit_hidden(x, slots.get(i, 0), head, positions, rows, works, rope)
+                    out[i] = self.logits(mapped if all_positions else mapped[last])
+                else:
+                    out[i] = self.logits(self.exit_hidden(x[last], 0, head, positions, rows, works, rope))
+                layer_s -= time.perf_counter() - mark
+            if i < upto:
+                x = self.layer(i, self.inner.layers[i], x, positions, rows, works, rope)
+        total = time.perf_counter() - started
+        kind = "prefill" if len(positions) > len(works) else "decode"
+        exited = (len(positions) if all_positions else len(works)) * len(exits)
+        self.timings.add(kind, len(positions), upto, total + layer_s, exited, -layer_s)
+        return out
+
     def forward(self, works: Sequence[Work], exit_layer: int, head: nn.Module | None = None,
                 all_positions: bool = False) -> torch.Tensor:
-        """Run the new tokens through layers 1..``exit_layer`` and the exit; logits of each work's last token
-        (``B x vocab``), or of every new token (``N x vocab``) with ``all_positions``."""
-        x, positions, rows, rope = self.hidden(works, exit_layer)
-        if not all_positions:
-            last = torch.as_tensor([int(r[-1]) for r in rows])
-            if not isinstance(head, BlockHead):  # a block head must see every token to cache its KV
-                return self.logits(self.exit_hidden(x[last], exit_layer, head, positions, rows, works, rope))
-            return self.logits(self.exit_hidden(x, exit_layer, head, positions, rows, works, rope)[last])
-        return self.logits(self.exit_hidden(x, exit_layer, head, positions, rows, works, rope))
+        """Logits at one exit (see :meth:`forward_exits`)."""
+        return self.forward_exits(works, exit_layer, {exit_layer: head}, all_positions)[exit_layer]

@@ -1,0 +1,1 @@
+"""The HELIOS early-exit serving engine and its baselines (full depth, per-token early exit)."""

@@ -1,0 +1,122 @@
+"""A candidate model in memory: its held layers, exit heads, KV pool sized by the memory budget, and runner."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+from exitplan.earlyexit.kv_pool import KVPool
+from exitplan.earlyexit.partial_model import EarlyExitLM
+from exitplan.earlyexit.runner import PagedRunner, kv_shape
+from exitplan.errors import ExitplanError
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A model the engine may serve.
+
+    Attributes:
+        name: HF id.
+        checkpoint: Checkpoint folder (``fetch_models``).
+        exits_dir: Exit checkpoint folder (``train_exits``); ``None`` for full-depth serving only.
+        head_kind: Exit-head kind to use.
+    """
+
+    name: str
+    checkpoint: Path
+    exits_dir: Path | None = None
+    head_kind: str = "block"
+
+
+class ServedModel:
+    """One candidate in memory, exiting after ``exit_layer`` (``num_layers``: the full model, no exit head).
+
+    Args:
+        candidate: What it is.
+        model: Its early-exit LM (holding at least ``exit_layer`` layers).
+        heads: Exit layer -> head kept in memory (only the exits it may use).
+        exit_layer: Where every token of a step exits.
+    """
+
+    def __init__(self, candidate: Candidate, model: EarlyExitLM, heads: dict[int, nn.Module], exit_layer: int) -> None:
+        self.candidate, self.model, self.heads, self.exit_layer = candidate, model, heads, exit_layer
+        self.pool: KVPool | None = None
+        self.runner: PagedRunner | None = None
+
+    @classmethod
+    def open(cls, candidate: Candidate, layers: int, exits: list[int] | None = None) -> tuple[ServedModel, float]:
+        """Read the first ``layers`` layers and the heads of ``exits`` (default: the exit at ``layers``, if it has a
+        head; deeper exits' heads wait for their layers); the serving exit is ``layers``. Returns the model and the
+        seconds reading took.
+
+        Raises:
+            ExitplanError: if the serving exit (``exits`` not given) is not the last layer and has no head.
+        """
+        from exitplan.earlyexit.checkpoint import read_heads
+
+        started = time.perf_counter()
+        model = EarlyExitLM.from_pretrained(candidate.checkpoint, layers)
+        heads: dict[int, nn.Module] = {}
+        if candidate.exits_dir is not None:
+            _, available = read_heads(model, candidate.exits_dir, candidate.head_kind)
+            wanted = exits if exits is not None else [layers]
+            heads = {e: h for e, h in available.items() if e in wanted}
+        if exits is None and layers < model.num_layers and layers not in heads:
+            raise ExitplanError(f"{candidate.name} has no {candidate.head_kind} exit head after layer {layers}")
+        return cls(candidate, model, heads, layers), time.perf_counter() - started
+
+    @property
+    def name(self) -> str:
+        """The candidate's HF id."""
+        return self.candidate.name
+
+    @property
+    def num_layers(self) -> int:
+        """Layers of the full model."""
+        return self.model.num_layers
+
+    @property
+    def head(self) -> nn.Module | None:
+        """The serving exit's head (none at the last layer)."""
+        return None if self.exit_layer == self.num_layers else self.heads[self.exit_layer]
+
+    def exits(self, all_exits: bool = False) -> dict[int, nn.Module | None]:
+        """Exit layer -> head for a pass: the serving exit, or every exit held (and the last layer if held)."""
+        if not all_exits:
+            return {self.exit_layer: self.head}
+        found: dict[int, nn.Module | None] = {e: h for e, h in sorted(self.heads.items()) if e <= self.model.held_layers}
+        if self.model.held_layers == self.num_layers:
+            found[self.num_layers] = None
+        return found
+
+    def weight_bytes(self) -> int:
+        """Bytes of the held layers, embeddings, head and the exit heads kept."""
+        heads = sum(p.nbytes for h in self.heads.values() for p in h.parameters())
+        return self.model.weight_bytes() + heads
+
+    def cached_layers(self, all_exits: bool = False) -> int:
+        """Layer slots of KV a pass needs: the held layers up to the exit, plus one per block head used."""
+        from exitplan.earlyexit.heads import BlockHead
+
+        upto = max(self.exits(all_exits))
+        return min(upto, self.model.held_layers) + sum(isinstance(h, BlockHead) for h in self.exits(all_exits).values())
+
+    def build_pool(self, kv_bytes: int, block_size: int, all_exits: bool = False, max_blocks: int | None = None) -> KVPool:
+        """Allocate the KV pool: as many blocks as ``kv_bytes`` holds (at most ``max_blocks``), once.
+
+        Raises:
+            ExitplanError: if not even one block fits.
+        """
+        self.pool = self.runner = None
+        layers = self.cached_layers(all_exits)
+        per_block = kv_shape(self.model).bytes_per_token(layers) * block_size
+        blocks = kv_bytes // per_block if max_blocks is None else min(kv_bytes // per_block, max_blocks)
+        if blocks < 1:
+            raise ExitplanError(f"memory budget leaves {kv_bytes / 2**20:.1f} MiB for KV after {self.name}'s "
+                                f"weights: not one block of {block_size} tokens ({per_block} bytes) fits")
+        self.pool = KVPool(kv_shape(self.model), layers, int(blocks), block_size)
+        self.runner = PagedRunner(self.model, self.pool)
+        return self.pool
