@@ -169,6 +169,10 @@ class EngineParams(StrictModel):
     step_overhead_s: float = Field(default=1e-3, ge=0, le=1)
     """Fixed engine cost per iteration in seconds (scheduling, sampling, kernel launches)."""
 
+    seq_overhead_s: float = Field(default=0.0, ge=0, le=1)
+    """Engine cost per sequence per iteration in seconds (0 for vLLM's fused kernels; this repo's CPU engine loops
+    over sequences for attention and sampling, and ``profile_device`` fits its value)."""
+
     watermark: float = Field(default=0.01, ge=0, lt=1)
     """Share of KV blocks kept free when admitting a prompt (vLLM's block-manager watermark)."""
 
@@ -347,6 +351,53 @@ class ExitProfileParams(StrictModel):
         return values
 
 
+class HeliosParams(StrictModel):
+    """The HELIOS engine (serving/engine): candidates, confidence guard, profiling cadence, memory."""
+
+    candidates: list[str] = Field(min_length=1)
+    """Models the engine may serve, each with an exit checkpoint from ``train_exits`` (HELIOS step 1 picks the
+    Top-K of these)."""
+
+    head_kind: Literal["identity", "affine", "block"] = "block"
+    """Exit-head kind the engine uses."""
+
+    threshold: float = Field(default=0.8, gt=0, le=1)
+    """Confidence under which an exited token counts as a breach."""
+
+    confidence: Literal["max_prob", "margin", "entropy"] = "max_prob"
+    """Confidence measure (HELIOS: maximum softmax probability)."""
+
+    cbc_window: int = Field(default=100, ge=1)
+    """Tokens of a request the confidence breach counter remembers (HELIOS: 100)."""
+
+    cbc_max: int = Field(default=50, ge=0)
+    """Breaches tolerated in the window before the engine loads layers or switches models (HELIOS: 50)."""
+
+    profile_requests: int = Field(default=5, ge=1)
+    """Requests each candidate serves while profiled (HELIOS: 5); they are answered."""
+
+    reprofile_every: int = Field(default=150, ge=1)
+    """Finished requests between profilings (HELIOS's RI: 150)."""
+
+    max_num_seqs: int = Field(default=256, ge=1)
+    """Largest batch."""
+
+    block_size: int = Field(default=16, ge=1)
+    """Token slots per KV block."""
+
+    memory_budget_gib: float = Field(default=12.0, gt=0)
+    """Weights + KV + layers being loaded may not exceed this (GiB)."""
+
+    pht_path: str = "data/helios/pht.json"
+    """Where the Performance History Table is kept."""
+
+    @model_validator(mode="after")
+    def _window(self) -> HeliosParams:
+        if self.cbc_max >= self.cbc_window:
+            raise ValueError(f"cbc_max ({self.cbc_max}) must be below cbc_window ({self.cbc_window})")
+        return self
+
+
 class Params(StrictModel):
     """The whole ``params.yaml``."""
 
@@ -374,6 +425,9 @@ class Params(StrictModel):
     exit_profile: ExitProfileParams
     """Stage ``exit_profile``."""
 
+    helios: HeliosParams
+    """The HELIOS serving engine."""
+
     _root: Path = PrivateAttr(default_factory=Path.cwd)
 
     @model_validator(mode="after")
@@ -381,6 +435,13 @@ class Params(StrictModel):
         missing = [m for m in self.exit_profile.models if m not in self.train_exits.models]
         if missing:
             raise ValueError(f"exit_profile.models {missing} are not in train_exits.models")
+        return self
+
+    @model_validator(mode="after")
+    def _candidates_have_exits(self) -> Params:
+        missing = [m for m in self.helios.candidates if m not in self.train_exits.models]
+        if missing:
+            raise ValueError(f"helios.candidates {missing} are not in train_exits.models (they need exit heads)")
         return self
 
     @model_validator(mode="after")

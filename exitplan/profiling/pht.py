@@ -109,19 +109,20 @@ class Option:
     seconds: float
 
 
-def options(current: PHTEntry, others: Sequence[PHTEntry], context_tokens: int, remaining_tokens: int,
-            max_breach_rate: float) -> list[Option]:
+def options(current: PHTEntry, held_layers: int, others: Sequence[PHTEntry], context_tokens: int,
+            remaining_tokens: int, max_breach_rate: float) -> list[Option]:
     """Costed options when ``current``'s breach counter trips, cheapest first.
 
     Args:
         current: The serving model's entry.
+        held_layers: Layers it holds now (a load reads the rest).
         others: Other candidates (a switch re-prefills the affected contexts on their partial model).
         context_tokens: Tokens of the affected requests so far (prompt + generated): their KV is recomputed.
         remaining_tokens: Tokens the affected requests may still generate.
         max_breach_rate: Breach rate the new exit must expect at most (a switch target that cannot is skipped).
     """
     full = current.num_layers
-    found = [Option("load", current.model, full, current.load_s(full, base=False)
+    found = [Option("load", current.model, full, current.load_s(full - held_layers, base=False)
                     + current.prefill_s_for(context_tokens, full) + remaining_tokens * current.decode_step_s(1, full))]
     for other in others:
         depth = other.depth_for(max_breach_rate)

@@ -95,10 +95,12 @@ class CostModel:
     Attributes:
         spec: The replica.
         step_overhead_s: Fixed engine cost per iteration (scheduling, sampling, kernel launches).
+        seq_overhead_s: Engine cost per sequence that samples in an iteration (per-sequence host work).
     """
 
     spec: ReplicaSpec
     step_overhead_s: float = 1e-3
+    seq_overhead_s: float = 0.0
     _c: dict[str, float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -151,7 +153,7 @@ class CostModel:
         memory = c["weight_bytes"] + (c["head_bytes"] if sampled > 0 else 0.0)
         memory += (kv_tokens_read + new_tokens) * c["kv_bytes"]
         roofline = max(flops / c["flops_per_s"], memory / c["bytes_per_s"])
-        return roofline + float(self._comm(new_tokens)) + self.step_overhead_s
+        return roofline + float(self._comm(new_tokens)) + self.step_overhead_s + sampled * self.seq_overhead_s
 
     def step_times(self, new_tokens: np.ndarray, attn_pairs: np.ndarray, kv_tokens_read: np.ndarray,
                    sampled: np.ndarray) -> np.ndarray:
@@ -161,7 +163,7 @@ class CostModel:
         head_bytes = np.where(sampled > 0, c["head_bytes"], 0.0)
         memory = c["weight_bytes"] + head_bytes + (kv_tokens_read + new_tokens) * c["kv_bytes"]
         roofline = np.maximum(flops / c["flops_per_s"], memory / c["bytes_per_s"])
-        return roofline + self._comm(new_tokens) + self.step_overhead_s
+        return roofline + self._comm(new_tokens) + self.step_overhead_s + sampled * self.seq_overhead_s
 
     def decode_times(self, num_seqs: int, context_sum: float, steps: int) -> np.ndarray:
         """Times of ``steps`` pure decode steps of ``num_seqs`` sequences whose contexts sum to ``context_sum``.
@@ -194,6 +196,6 @@ class CostModel:
     def tp_speedup(self, tokens: float = 1.0, context: float = 1024.0) -> float:
         """K(N): how much faster one decode step is at this TP than on a single GPU (BOUTE's speed-up factor)."""
         single = CostModel(ReplicaSpec(self.spec.model, self.spec.gpu, 1, self.spec.pp, self.spec.layers),
-                           self.step_overhead_s)
+                           self.step_overhead_s, self.seq_overhead_s)
         return single.step_time(tokens, tokens * context, tokens * context, tokens) / self.step_time(
             tokens, tokens * context, tokens * context, tokens)

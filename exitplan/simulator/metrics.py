@@ -53,7 +53,7 @@ def summarize(results: Sequence[ReplicaResult]) -> dict[str, Any]:
         "queue_s": distribution(r["scheduled_s"] - r["arrival_s"]),
         "throughput_req_s": len(e2e) / span if span > 0 else float("nan"),
         "throughput_out_tok_s": float(r["output_len"].sum()) / span if span > 0 else float("nan"),
-        "completed": int(len(e2e)),
+        "completed": len(e2e),
         "rejected": int(sum(int(x.rejected.sum()) for x in results)),
         "preemptions": int(sum(int(x.preemptions.sum()) for x in results)),
         "kv_utilisation": float(np.average([x.kv_utilisation for x in results],

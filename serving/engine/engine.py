@@ -351,7 +351,8 @@ class Engine:
         context = sum(len(r.context) for r in self.running)
         remaining = sum(r.max_new_tokens - len(r.output) for r in self.running)
         others = [self.pht[n] for n in self.candidates if n in self.pht and n != self.served.name]
-        costed = options(current, others, context, remaining, self.config.max_breach_rate)
+        costed = options(current, self.served.model.held_layers, others, context, remaining,
+                         self.config.max_breach_rate)
         choice = costed[0]
         detail = {"options": [dict(vars(o)) for o in costed], "context_tokens": context,
                   "remaining_tokens": remaining, "requests": [r.request_id for r in self.running]}

@@ -80,8 +80,8 @@ class ServedModel:
 
     @property
     def head(self) -> nn.Module | None:
-        """The serving exit's head (none at the last layer)."""
-        return None if self.exit_layer == self.num_layers else self.heads[self.exit_layer]
+        """The serving exit's head (none at the last layer, or for a plain identity exit)."""
+        return None if self.exit_layer == self.num_layers else self.heads.get(self.exit_layer)
 
     def exits(self, all_exits: bool = False) -> dict[int, nn.Module | None]:
         """Exit layer -> head for a pass: the serving exit, or every exit held (and the last layer if held)."""

@@ -33,6 +33,7 @@ def _small_params(repo: Path) -> dict:
                                top_k=8, block_steps=2)
     tree["exit_profile"].update(models=[SMOLLM2], head_kinds=["identity", "block"], datasets=["gsm8k", "humaneval"], chunk_tokens=32,
                                 chunks_per_dataset=2, thresholds=[0.5, 0.9])
+    tree["helios"]["candidates"] = [SMOLLM2]
     return tree
 
 

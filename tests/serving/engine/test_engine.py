@@ -101,6 +101,7 @@ def _profiled(pair) -> PerformanceHistoryTable:
 def test_tripped_counter_loads_when_loading_is_cheaper_and_deep_kv_is_exact(pair) -> None:
     pht = _profiled(pair)
     pht["tiny/b"].load_s_base = 1e6  # switching would take forever
+    pht["tiny/b"].decode_s = 1.0  # and b is the slower model, so a is served first
     engine = _tripping_engine(pair, pht)
     assert (engine.served.name, engine.served.exit_layer) == ("tiny/a", 2)
     for r in _requests(3, new_tokens=12):
@@ -128,6 +129,7 @@ def test_tripped_counter_loads_when_loading_is_cheaper_and_deep_kv_is_exact(pair
 def test_tripped_counter_switches_when_switching_is_cheaper_and_loses_no_request(pair) -> None:
     pht = _profiled(pair)
     pht["tiny/a"].load_s_per_layer = 1e6  # loading a's remaining layers would take forever
+    pht["tiny/b"].decode_s = pht["tiny/a"].decode_s * 2  # a is served first
     engine = _tripping_engine(pair, pht)
     requests = _requests(5, new_tokens=10)
     engine.run(requests)

@@ -1,0 +1,149 @@
+"""Step times of the local device, measured with the engine's own runner, and the simulator's device fitted to them.
+
+HELIOS profiles candidates on the hardware that will serve them; BOUTE's simulator needs a device's effective
+compute and memory bandwidth. :func:`measure` times decode steps (over batch sizes and context lengths) and prefill
+passes (over prompt lengths) of a model on this machine through :class:`~exitplan.earlyexit.runner.PagedRunner` -
+the exact code path of the serving engine. Only shapes matter for the time, so the cached context is not computed:
+the KV slots of the context are taken as they are. :func:`fit_device` then fits the simulator's roofline cost model
+(effective FLOP/s, bytes/s, and per-step / per-sequence overheads) to those times, giving a catalog ``Gpu`` entry for
+this device that the simulator can model like any other.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from exitplan.catalog import Efficiency, Gpu, Link, Model
+from exitplan.simulator.cost_model import CostModel, ReplicaSpec
+
+
+def measure(model: Any, batch_sizes: Sequence[int], contexts: Sequence[int], prefill_lengths: Sequence[int],
+            repeats: int = 3, layers: Sequence[int] | None = None, block_size: int = 16) -> list[dict[str, Any]]:
+    """Median seconds of decode steps and prefill passes of ``model`` (an EarlyExitLM) on this device.
+
+    Args:
+        model: The model (holding at least ``max(layers)`` layers).
+        batch_sizes: Decode batch sizes.
+        contexts: Cached context per sequence for decode steps.
+        prefill_lengths: Prompt lengths of single-sequence prefill passes.
+        repeats: Timed repetitions per point (after one warm-up).
+        layers: Depths to run (all held layers by default).
+        block_size: KV block size.
+
+    Returns:
+        One row per point: ``kind`` (decode/prefill), ``layers``, ``batch``, ``context``, ``new_tokens``,
+        ``seconds``.
+    """
+    import torch
+
+    from exitplan.earlyexit.kv_pool import KVPool
+    from exitplan.earlyexit.runner import PagedRunner, Work, kv_shape
+
+    depths = list(layers) if layers else [model.held_layers]
+    longest = max([*contexts, *prefill_lengths]) + repeats + 2
+    blocks_per_seq = -(-longest // block_size)
+    pool = KVPool(kv_shape(model), max(depths), blocks_per_seq * max(batch_sizes), block_size)
+    runner = PagedRunner(model, pool)
+    rows = []
+
+    def timed(works_of: Any, depth: int) -> float:
+        times = []
+        for r in range(repeats + 1):
+            works = works_of(r)
+            started = time.perf_counter()
+            with torch.no_grad():
+                runner.forward(works, depth)
+            times.append(time.perf_counter() - started)
+        return statistics.median(times[1:])
+
+    for depth in depths:
+        for batch in batch_sizes:
+            for context in contexts:
+                held = [pool.allocate(blocks_per_seq) for _ in range(batch)]
+                seconds = timed(lambda r, held=held, c=context: [Work.span([1], c + r, b) for b in held], depth)
+                rows.append({"kind": "decode", "layers": depth, "batch": batch, "context": context,
+                             "new_tokens": batch, "seconds": seconds})
+                for b in held:
+                    pool.release(b)
+        for length in prefill_lengths:
+            held = pool.allocate(blocks_per_seq)
+            seconds = timed(lambda r, held=held, n=length: [Work.span([1] * n, 0, held)], depth)
+            rows.append({"kind": "prefill", "layers": depth, "batch": 1, "context": 0, "new_tokens": length,
+                         "seconds": seconds})
+            pool.release(held)
+    return rows
+
+
+def device_entry(device_id: str, flops_per_s: float, bytes_per_s: float, memory_gib: float,
+                 price_per_hour: float, source: str) -> Gpu:
+    """A catalog GPU entry for a fitted device (its peaks are the effective values: efficiency 1)."""
+    return Gpu(id=device_id, name=f"local device ({device_id})", bf16_tflops=flops_per_s / 1e12,
+               hbm_bandwidth_gbps=bytes_per_s / 1e9, memory_gib=memory_gib,
+               link=Link(kind="pcie", bandwidth_gbps=1.0, latency_us=10.0), gpus_per_node=1,
+               price_per_hour=price_per_hour, efficiency=Efficiency(compute=1.0, memory=1.0, link=1.0, source=source))
+
+
+def _predict(row: dict[str, Any], cost: CostModel) -> float:
+    if row["kind"] == "decode":
+        b, c = row["batch"], row["context"]
+        return cost.step_time(b, b * (c + 1), b * c, b)
+    n = row["new_tokens"]
+    return cost.step_time(n, n * (n + 1) / 2, 0, 1)
+
+
+def predict(rows: Sequence[dict[str, Any]], model: Model, device: Gpu, step_overhead_s: float,
+            seq_overhead_s: float, exit_head_layers: int = 0) -> np.ndarray:
+    """The cost model's seconds for each measured point (``rows`` as :func:`measure` returns them)."""
+    out = []
+    for row in rows:
+        spec = ReplicaSpec(model, device, layers=row["layers"], exit_head_layers=exit_head_layers)
+        out.append(_predict(row, CostModel(spec, step_overhead_s, seq_overhead_s)))
+    return np.asarray(out)
+
+
+def fit_device(rows: Sequence[dict[str, Any]], models: dict[str, Model], device_id: str, memory_gib: float,
+               price_per_hour: float) -> tuple[Gpu, float, float, dict[str, float]]:
+    """Fit effective FLOP/s, bytes/s, per-step and per-sequence overheads to measured step times (all models).
+
+    Args:
+        rows: Measured points, each with a ``model`` key naming an entry of ``models``.
+        models: Catalog models (with the ``dtype_bytes`` they ran in).
+        device_id: Id of the fitted device entry.
+        memory_gib: Memory the device offers the engine.
+        price_per_hour: Its rental price (US$/h).
+
+    Returns:
+        The device entry, the per-step and per-sequence overheads (seconds), and fit errors (median and max
+        relative error).
+    """
+    from scipy.optimize import least_squares
+
+    measured = np.asarray([r["seconds"] for r in rows])
+
+    def residual(x: np.ndarray) -> np.ndarray:
+        flops, bandwidth, step, seq = np.exp(x)
+        device = device_entry(device_id, flops, bandwidth, memory_gib, price_per_hour, "fit")
+        pred = np.concatenate([predict([r for r in rows if r["model"] == m], models[m], device, step, seq)
+                               for m in dict.fromkeys(r["model"] for r in rows)])
+        return np.log(pred) - np.log(measured[_order(rows)])
+
+    start = np.log([5e10, 1e10, 1e-3, 1e-3])
+    fit = least_squares(residual, start, bounds=(np.log([1e8, 1e8, 1e-6, 1e-7]), np.log([1e15, 1e13, 1.0, 1.0])))
+    flops, bandwidth, step, seq = np.exp(fit.x)
+    errors = np.abs(np.exp(residual(fit.x)) - 1)
+    source = (f"fitted by profile_device to {len(rows)} measured step times (median error {np.median(errors):.1%}, "
+              f"max {errors.max():.1%})")
+    device = device_entry(device_id, flops, bandwidth, memory_gib, price_per_hour, source)
+    return device, float(step), float(seq), {"median_rel_err": float(np.median(errors)),
+                                              "max_rel_err": float(errors.max())}
+
+
+def _order(rows: Sequence[dict[str, Any]]) -> np.ndarray:
+    """Row indices grouped by model in first-seen order (the order residuals are computed in)."""
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    return np.asarray([i for m in models for i, r in enumerate(rows) if r["model"] == m])

@@ -1,0 +1,37 @@
+"""Device profiling: the fit recovers a known device; measuring runs the engine's runner on a real model."""
+
+from __future__ import annotations
+
+import pytest
+
+from exitplan.profiling.device import device_entry, fit_device, measure, predict
+
+QWEN = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+
+
+def test_fit_recovers_the_device_that_made_the_times(catalog) -> None:
+    model = catalog.model(QWEN).model_copy(update={"dtype_bytes": 4})
+    truth = device_entry("cpu", 6e10, 1.5e10, 24, 0.1, "truth")
+    rows = [{"model": QWEN, "kind": "decode", "layers": L, "batch": b, "context": c, "new_tokens": b}
+            for L in (12, 24) for b in (1, 2, 4, 8, 16, 64) for c in (64, 512)]
+    rows += [{"model": QWEN, "kind": "prefill", "layers": 24, "batch": 1, "context": 0, "new_tokens": n}
+             for n in (16, 64, 256, 1024)]
+    for row, seconds in zip(rows, predict(rows, model, truth, 2e-3, 5e-4), strict=True):
+        row["seconds"] = float(seconds)
+    device, step, seq, errors = fit_device(rows, {QWEN: model}, "cpu", 24, 0.1)
+    assert errors["max_rel_err"] < 0.01
+    assert device.bf16_tflops == pytest.approx(0.06, rel=0.05)
+    assert device.hbm_bandwidth_gbps == pytest.approx(15, rel=0.05)
+    assert step == pytest.approx(2e-3, rel=0.2) and seq == pytest.approx(5e-4, rel=0.2)
+    assert "fitted by profile_device" in device.efficiency.source
+
+
+def test_measure_times_decode_and_prefill_with_the_runner(tiny_llama, tmp_path) -> None:
+    from exitplan.earlyexit.partial_model import EarlyExitLM
+
+    tiny_llama.save_pretrained(str(tmp_path))
+    model = EarlyExitLM.from_pretrained(tmp_path)
+    rows = measure(model, batch_sizes=[1, 4], contexts=[8, 32], prefill_lengths=[4, 16], repeats=2)
+    assert [(r["kind"], r["batch"], r["context"]) for r in rows][:4] == [
+        ("decode", 1, 8), ("decode", 1, 32), ("decode", 4, 8), ("decode", 4, 32)]
+    assert len(rows) == 6 and all(r["seconds"] > 0 and r["layers"] == 2 for r in rows)

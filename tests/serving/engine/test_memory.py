@@ -1,0 +1,49 @@
+"""The engine's memory accounting against the process's measured memory, on the real SmolLM2 (fresh processes)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+PROBE = """
+import gc, json, sys
+import psutil
+from pathlib import Path
+from serving.engine.served import Candidate, ServedModel
+
+def rss():
+    gc.collect()
+    return psutil.Process().memory_info().rss
+
+candidate = Candidate(sys.argv[1], Path(sys.argv[2]))
+layers = int(sys.argv[3])
+warm, _ = ServedModel.open(candidate, 1, exits=[])  # imports, allocator arenas and the file cache
+del warm
+before = rss()
+served, _ = ServedModel.open(candidate, layers, exits=[])
+served.build_pool(64 * 2**20, block_size=16)
+for blocks in (served.pool.keys, served.pool.values):
+    blocks.fill_(1.0)  # touch every page: the pool is allocated, not promised
+print(json.dumps({"grown": rss() - before, "accounted": served.weight_bytes() + served.pool.nbytes,
+                  "held": served.model.held_layers}))
+"""
+
+
+@pytest.mark.parametrize("layers", [6, 30])
+def test_accounted_weights_and_pool_match_the_process_memory(checkpoint_of, layers: int) -> None:
+    out = subprocess.run([sys.executable, "-c", PROBE, SMOLLM2, str(checkpoint_of(SMOLLM2)), str(layers)],
+                         capture_output=True, text=True, check=True, env={"OMP_NUM_THREADS": "1", **_env()})
+    probe = json.loads(out.stdout.strip().splitlines()[-1])
+    assert probe["held"] == layers
+    assert probe["accounted"] == pytest.approx(probe["grown"], rel=0.15), probe
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
