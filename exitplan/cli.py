@@ -180,8 +180,28 @@ def stage_train_exits(
 def stage_exit_profile(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
     """Profile the first confident exits of each model on held-out prompts (HELIOS's observations)."""
     loaded, summary = _run_stage("exit_profile", params)
-    console.print(f"exit profile of {len(loaded.exit_profile.models)} models in {summary['seconds']:.0f} s; "
-                  f"complementarity: {summary['complementarity']}")
+    console.print(f"exit profile of {len(loaded.exit_profile.models)} models x {len(summary['head_kinds'])} head "
+                  f"kinds in {summary['seconds']:.0f} s -> reports/exit_profile/")
+
+
+@stage_app.command("profile-device")
+def stage_profile_device(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
+    """Time the candidates on this machine with the engine's runner; fit the simulator's device to the times."""
+    loaded, m = _run_stage("profile_device", params)
+    console.print(f"{m['device']}: {m['flops_per_s'] / 1e9:.1f} GFLOP/s, {m['bytes_per_s'] / 1e9:.1f} GB/s, "
+                  f"overheads {m['step_overhead_s'] * 1e3:.2f} ms/step + {m['seq_overhead_s'] * 1e3:.2f} ms/seq; "
+                  f"fit error median {m['median_rel_err']:.1%}, max {m['max_rel_err']:.1%} over {m['points']} points")
+
+
+@stage_app.command("select-candidates")
+def stage_select_candidates(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
+    """HELIOS step 1: the Top-K candidates for the SLO on this device."""
+    loaded, result = _run_stage("select_candidates", params)
+    for r in result["ranked"]:
+        console.print(f"{r['model']}: exit {r['exit_layer']} (breach rate {r['breach_rate']:.2f}), batch "
+                      f"{r['batch']}, {r['tpot_ms']:.0f} ms/token, {r['tokens_per_s']:.1f} tok/s"
+                      f"{'' if r['meets_slo'] else '  (misses the SLO)'}")
+    console.print(f"selected: {result['candidates']} -> {loaded.select_candidates.output}")
 
 
 def main() -> None:

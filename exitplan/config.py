@@ -351,6 +351,56 @@ class ExitProfileParams(StrictModel):
         return values
 
 
+class ProfileDeviceParams(StrictModel):
+    """Stage ``profile_device``: step times of the candidates on this machine, and the simulator's device fitted."""
+
+    models: list[str] = Field(min_length=1)
+    """Fetched models to time (the HELIOS candidates)."""
+
+    device_id: str = Field(default="local-cpu", pattern=r"^[a-z0-9-]+$")
+    """Id of the fitted device entry (written next to the catalog's GPUs, in the stage's output)."""
+
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 2, 4, 8], min_length=1)
+    """Decode batch sizes timed."""
+
+    contexts: list[int] = Field(default_factory=lambda: [64, 256], min_length=1)
+    """Cached context per sequence of the timed decode steps."""
+
+    prefill_lengths: list[int] = Field(default_factory=lambda: [16, 64, 256], min_length=1)
+    """Prompt lengths of the timed prefill passes."""
+
+    partial_depth: float | None = Field(default=0.5, gt=0, lt=1)
+    """Also time decode steps of a partial model holding this share of the layers (empty: full depth only)."""
+
+    repeats: int = Field(default=3, ge=1)
+    """Timed repetitions per point (the median is kept)."""
+
+    memory_gib: float | None = Field(default=None, gt=0)
+    """Memory the device offers (empty: this machine's RAM)."""
+
+    price_per_hour: float = Field(default=0.10, gt=0)
+    """Rental price of this device in US$/h (a 2-vCPU cloud VM is about $0.10/h)."""
+
+    output_dir: str = "data/device_profile"
+    """Folder of ``steps.parquet`` (measured points) and ``device.yaml`` (the fitted entry)."""
+
+
+class SelectCandidatesParams(StrictModel):
+    """Stage ``select_candidates``: HELIOS step 1, the Top-K candidates for an SLO on this hardware."""
+
+    top_k: int = Field(default=3, ge=1)
+    """Candidates kept (HELIOS: 3)."""
+
+    slo_tpot_ms: float = Field(default=1000.0, gt=0)
+    """Largest predicted time per output token (ms) at the candidate's memory-bound batch."""
+
+    lengths_trace: str = "mixed-gamma"
+    """Trace whose mean prompt + output length sizes the KV of a sequence."""
+
+    output: str = "data/helios/candidates.json"
+    """Ranked candidates (JSON)."""
+
+
 class HeliosParams(StrictModel):
     """The HELIOS engine (serving/engine): candidates, confidence guard, profiling cadence, memory."""
 
@@ -428,6 +478,12 @@ class Params(StrictModel):
     helios: HeliosParams
     """The HELIOS serving engine."""
 
+    profile_device: ProfileDeviceParams
+    """Stage ``profile_device``."""
+
+    select_candidates: SelectCandidatesParams = Field(default_factory=SelectCandidatesParams)
+    """Stage ``select_candidates``."""
+
     _root: Path = PrivateAttr(default_factory=Path.cwd)
 
     @model_validator(mode="after")
@@ -442,6 +498,22 @@ class Params(StrictModel):
         missing = [m for m in self.helios.candidates if m not in self.train_exits.models]
         if missing:
             raise ValueError(f"helios.candidates {missing} are not in train_exits.models (they need exit heads)")
+        return self
+
+    @model_validator(mode="after")
+    def _helios_threshold_is_profiled(self) -> Params:
+        if self.helios.threshold not in self.exit_profile.thresholds:
+            raise ValueError(f"helios.threshold {self.helios.threshold} is not one of exit_profile.thresholds "
+                             f"{self.exit_profile.thresholds} (candidate selection reads that profile)")
+        if self.helios.head_kind not in self.exit_profile.head_kinds:
+            raise ValueError(f"helios.head_kind '{self.helios.head_kind}' is not in exit_profile.head_kinds")
+        missing = [m for m in self.helios.candidates if m not in self.exit_profile.models]
+        if missing:
+            raise ValueError(f"helios.candidates {missing} are not in exit_profile.models")
+        traces = [t.name for t in self.prepare_workload.traces]
+        if self.select_candidates.lengths_trace not in traces:
+            raise ValueError(f"select_candidates.lengths_trace '{self.select_candidates.lengths_trace}' is not one "
+                             f"of the prepare_workload traces {traces}")
         return self
 
     @model_validator(mode="after")
@@ -488,6 +560,9 @@ def catalog_problems(params: Params, catalog: Catalog) -> list[str]:
     for i, name in enumerate(params.train_exits.models):
         if name not in params.fetch_models.models:
             problems.append(f"train_exits.models.{i}: '{name}' is not in fetch_models.models")
+    for i, name in enumerate(params.profile_device.models):
+        if name not in params.fetch_models.models:
+            problems.append(f"profile_device.models.{i}: '{name}' is not in fetch_models.models")
     tokenizer = params.prepare_workload.tokenizer_model
     if tokenizer not in params.fetch_models.models:
         problems.append(f"prepare_workload.tokenizer_model: '{tokenizer}' is not in fetch_models.models")

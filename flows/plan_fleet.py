@@ -13,7 +13,8 @@ from prefect import flow, get_run_logger
 from exitplan.pipeline import ReproResult
 from tasks.pipeline import check_config, repro_stage
 
-STAGES = ("fetch_models", "prepare_workload", "build_perf_db", "train_exits", "exit_profile")
+STAGES = ("fetch_models", "prepare_workload", "build_perf_db", "train_exits", "exit_profile", "profile_device",
+          "select_candidates")
 """The file-to-file stages of dvc.yaml, in order."""
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -32,8 +33,11 @@ def _small_params(repo: Path) -> dict:
                                datasets=["gsm8k", "humaneval"], chunk_tokens=32, train_chunks=24, eval_chunks=4,
                                top_k=8, block_steps=2)
     tree["exit_profile"].update(models=[SMOLLM2], head_kinds=["identity", "block"], datasets=["gsm8k", "humaneval"], chunk_tokens=32,
-                                chunks_per_dataset=2, thresholds=[0.5, 0.9])
-    tree["helios"]["candidates"] = [SMOLLM2]
+                                chunks_per_dataset=2, thresholds=[0.5, 0.8])
+    tree["helios"].update(candidates=[SMOLLM2], memory_budget_gib=2.0)
+    tree["profile_device"].update(models=[SMOLLM2], batch_sizes=[1, 4], contexts=[16], prefill_lengths=[8, 32],
+                                  repeats=1)
+    tree["select_candidates"].update(lengths_trace="small")
     return tree
 
 
@@ -61,7 +65,7 @@ def flow_results(repo: Path, prefect_harness: None):
 
 def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) -> None:
     assert [r.target for r in flow_results] == ["fetch_models", "prepare_workload", "build_perf_db", "train_exits",
-                                                  "exit_profile"]
+                                                  "exit_profile", "profile_device", "select_candidates"]
     assert flow_results[0].ran == [f"fetch_models@{SMOLLM2}"]
     assert flow_results[1].ran == ["prepare_workload"]
     assert flow_results[2].ran == ["build_perf_db"]
@@ -80,6 +84,13 @@ def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) 
     assert set(curves["exit_layer"]) == {10, 20, 28} and set(curves["dataset"]) == {"all", "gsm8k", "humaneval"}
     observations = pd.read_csv(repo / "reports" / "exit_profile" / "observations.csv")
     assert len(observations) == 2 * 3 * 2  # kinds x data sets (and all) x thresholds
+    assert flow_results[5].ran == ["profile_device"] and flow_results[6].ran == ["select_candidates"]
+    steps = pd.read_parquet(repo / "data" / "device_profile" / "steps.parquet")
+    assert len(steps) == 2 * (2 * 1 + 2)  # (full and half depth) x (2 decode batches x 1 context + 2 prefills)
+    device = yaml.safe_load((repo / "data" / "device_profile" / "device.yaml").read_text())
+    assert device["gpu"]["id"] == "local-cpu" and device["gpu"]["bf16_tflops"] > 0
+    chosen = json.loads((repo / "data" / "helios" / "candidates.json").read_text())
+    assert chosen["candidates"] == [SMOLLM2] and chosen["ranked"][0]["batch"] >= 1
     assert (repo / "model_repository" / "checkpoints" / SMOLLM2 / "model.safetensors").is_file()
     trace = pd.read_parquet(repo / "data" / "workload" / "trace_small.parquet")
     assert len(trace) == 60 and set(trace["dataset"]) == {"gsm8k", "humaneval"}
@@ -95,7 +106,7 @@ def test_stage_runs_are_tracked_in_mlflow(repo: Path, flow_results) -> None:
     runs = client.search_runs([experiment.experiment_id])
     by_name = {r.info.run_name: r for r in runs}
     assert set(by_name) == {f"fetch_models:{SMOLLM2}", "prepare_workload", "build_perf_db", f"train_exits:{SMOLLM2}",
-                            "exit_profile"}
+                            "exit_profile", "profile_device", "select_candidates"}
     assert by_name["prepare_workload"].data.metrics["num_queries"] == 80
     assert by_name["prepare_workload"].data.params["seed"] == "0"
 

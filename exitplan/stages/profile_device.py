@@ -1,0 +1,78 @@
+"""Stage ``profile_device``: step times of the candidates on this machine, and the simulator's device fitted."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import yaml
+
+from exitplan.atomic import write_atomic, write_json, write_parquet
+from exitplan.config import Params
+from exitplan.tracking import log_stage_run
+
+STAGE = "profile_device"
+DEVICE_FILE = "device.yaml"
+
+
+def catalog_model(params: Params, name: str) -> Any:
+    """The catalog entry of ``name`` with the element size it runs in here (``fetch_models.dtype``)."""
+    from exitplan.catalog import load_catalog
+
+    size = {"float32": 4, "bfloat16": 2, "float16": 2}[params.fetch_models.dtype]
+    return load_catalog(params.path(params.catalog)).model(name).model_copy(update={"dtype_bytes": size})
+
+
+def main(params: Params) -> dict[str, Any]:
+    """Time every model of ``profile_device.models``; fit the device; write the points, the entry and metrics."""
+    import pandas as pd
+    import psutil
+
+    from exitplan.earlyexit.partial_model import EarlyExitLM
+    from exitplan.profiling.device import fit_device, measure, predict
+
+    section = params.profile_device
+    started = time.perf_counter()
+    rows = []
+    for name in section.models:
+        model = EarlyExitLM.from_pretrained(params.checkpoint_path(name))
+        depths = sorted({model.num_layers, *([max(1, round(model.num_layers * section.partial_depth))]
+                                             if section.partial_depth else [])})
+        for row in measure(model, section.batch_sizes, section.contexts, section.prefill_lengths, section.repeats,
+                           depths):
+            rows.append({"model": name, **row})
+        del model
+    memory = section.memory_gib or psutil.virtual_memory().total / 2**30
+    models = {name: catalog_model(params, name) for name in section.models}
+    device, step, seq, errors = fit_device(rows, models, section.device_id, memory, section.price_per_hour)
+    for name in section.models:
+        mine = [r for r in rows if r["model"] == name]
+        for row, seconds in zip(mine, predict(mine, models[name], device, step, seq), strict=True):
+            row["predicted"] = float(seconds)
+    out = params.path(section.output_dir)
+    write_parquet(out / "steps.parquet", pd.DataFrame(rows))
+    entry = {"gpu": device.model_dump(), "step_overhead_s": step, "seq_overhead_s": seq}
+    write_atomic(out / DEVICE_FILE, lambda tmp: tmp.write_text(yaml.safe_dump(entry, sort_keys=False)))
+    metrics = {"device": device.id, "flops_per_s": device.bf16_tflops * 1e12,
+               "bytes_per_s": device.hbm_bandwidth_gbps * 1e9, "step_overhead_s": step, "seq_overhead_s": seq,
+               "points": len(rows), **errors, "seconds": time.perf_counter() - started}
+    report = write_json(params.path("reports") / STAGE / "metrics.json", metrics)
+    log_stage_run(STAGE, params.tracking, params.root, section.model_dump(),
+                  {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, [report])
+    return metrics
+
+
+def load_device(params: Params) -> tuple[Any, float, float]:
+    """The fitted device entry and its per-step and per-sequence overheads, from the stage's output.
+
+    Raises:
+        ExitplanError: if the stage has not run.
+    """
+    from exitplan.catalog import Gpu
+    from exitplan.errors import ExitplanError
+
+    path = params.path(params.profile_device.output_dir) / DEVICE_FILE
+    if not path.is_file():
+        raise ExitplanError(f"no device profile at {path}: run the profile_device stage first")
+    entry = yaml.safe_load(path.read_text())
+    return Gpu.model_validate(entry["gpu"]), float(entry["step_overhead_s"]), float(entry["seq_overhead_s"])
