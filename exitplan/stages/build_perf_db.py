@@ -71,7 +71,7 @@ def main(params: Params) -> dict[str, Any]:
     plots = plot_curves(db, reports / "plots")
     capacity = db[~db["saturated"]].groupby(["model", "gpu"])["qps"].max()
     metrics = {
-        "rows": len(db),
+        "rows": int(len(db)),
         "deployments": int(db.groupby(["model", "gpu", "tp", "pp", "layers"]).ngroups),
         "saturated_share": float(db["saturated"].mean()),
         "build_s": seconds,

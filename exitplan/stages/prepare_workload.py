@@ -46,7 +46,7 @@ def main(params: Params) -> dict[str, Any]:
     for name, trace in traces.items():
         write_parquet(out_dir / f"trace_{name}.parquet", trace)
     metrics = {
-        "num_queries": len(queries),
+        "num_queries": int(len(queries)),
         "datasets": length_report(queries),
         "traces": {name: trace_report(trace) for name, trace in traces.items()},
     }
