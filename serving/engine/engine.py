@@ -44,7 +44,9 @@ class EngineConfig:
 
     Attributes:
         memory_budget_bytes: Weights + KV + layers being loaded may never exceed this.
-        mode: ``helios`` (profile, partial load, breach counter) or ``full`` (first candidate at full depth).
+        mode: ``helios`` (profile, partial load, breach counter), ``full`` (first candidate at full depth) or
+            ``fixed`` (first candidate partially loaded up to ``fixed_exit``; breaches are counted, never acted on).
+        fixed_exit: Exit layer of ``fixed`` mode.
         max_num_seqs: Largest batch.
         block_size: Token slots per KV block.
         max_prefill_tokens: Prompt tokens per step (a longer prompt still runs, alone).
@@ -57,7 +59,7 @@ class EngineConfig:
     """
 
     memory_budget_bytes: int
-    mode: Literal["helios", "full"] = "helios"
+    mode: Literal["helios", "full", "fixed"] = "helios"
     max_num_seqs: int = 256
     block_size: int = 16
     max_prefill_tokens: int = 4096
@@ -67,6 +69,7 @@ class EngineConfig:
     cbc_max: int = 50
     profile_requests: int = 5
     reprofile_every: int = 150
+    fixed_exit: int | None = None
 
     @property
     def max_breach_rate(self) -> float:
@@ -121,6 +124,10 @@ class Engine:
         self.served: ServedModel
         if config.mode == "full":
             self._serve(candidates[0].name, None)
+        elif config.mode == "fixed":
+            if config.fixed_exit is None:
+                raise ExitplanError("fixed mode needs fixed_exit")
+            self._serve(candidates[0].name, config.fixed_exit)
         elif all(c.name in self.pht for c in candidates):
             self._select()  # a persisted PHT knows every candidate: serve the best at once
         else:
@@ -158,6 +165,24 @@ class Engine:
             self.add(request)
         while self.has_work():
             self.step()
+        self.wait_for_loads()
+        return requests
+
+    def run_timed(self, requests: list[Request], arrivals_s: list[float]) -> list[Request]:
+        """Serve ``requests`` arriving at ``arrivals_s`` (seconds from now, increasing), stepping as they come; an
+        idle engine sleeps until the next arrival. Returns them finished."""
+        if len(requests) != len(arrivals_s):
+            raise ExitplanError(f"{len(requests)} requests but {len(arrivals_s)} arrival times")
+        start, pending = self.now(), deque(zip(arrivals_s, requests, strict=True))
+        while pending or self.has_work():
+            while pending and pending[0][0] <= self.now() - start:
+                offset, request = pending.popleft()
+                self.add(request)
+                request.arrival_s = start + offset  # its scheduled arrival, even if a step delayed the add
+            if self.has_work():
+                self.step()
+            elif pending:
+                time.sleep(max(0.0, pending[0][0] - (self.now() - start)))
         self.wait_for_loads()
         return requests
 
@@ -200,7 +225,7 @@ class Engine:
             self._profile.seconds += seconds
         record = self._record(batch, works, seconds, profiling)
         self._retire()
-        if tripped and self._loading is None and not profiling:
+        if tripped and self._loading is None and not profiling and self.config.mode == "helios":
             self._react()
         if profiling and (self._profile.finished >= self.config.profile_requests
                           or (not self.running and not self.waiting)):

@@ -168,3 +168,29 @@ def test_bad_requests_are_refused(pair) -> None:
         Request("y", [], 2)
     with pytest.raises(ExitplanError, match="needs 1000002 KV slots"):
         engine.add(Request("z", [1, 2], 1_000_000))
+
+
+def test_temperature_sampling_is_seeded_and_stop_tokens_end_requests(pair) -> None:
+    a, _ = pair
+    config = EngineConfig(memory_budget_bytes=64 * MiB, mode="full")
+
+    def sampled(seed: int) -> list[int]:
+        request = Request("t", [5, 6, 7, 8], 12, temperature=1.5, seed=seed)
+        return Engine([a], config).run([request])[0].output
+
+    assert sampled(1) == sampled(1) and sampled(1) != sampled(2)
+    greedy = Engine([a], config).run([Request("g", [5, 6, 7, 8], 12)])[0].output
+    stop = Request("s", [5, 6, 7, 8], 12, stop_ids=frozenset({greedy[3]}))
+    Engine([a], config).run([stop])
+    assert stop.output == greedy[:greedy.index(greedy[3]) + 1] and stop.finish_reason == "stop"
+
+
+def test_timed_arrivals_are_served_as_they_come(pair) -> None:
+    a, _ = pair
+    engine = Engine([a], EngineConfig(memory_budget_bytes=64 * MiB, mode="full"))
+    requests = _requests(3, new_tokens=3)
+    engine.run_timed(requests, [0.0, 0.05, 0.1])
+    assert all(r.finished for r in requests)
+    gaps = [b.arrival_s - a.arrival_s for a, b in zip(requests, requests[1:], strict=False)]
+    assert gaps == pytest.approx([0.05, 0.05], abs=1e-6)
+    assert all(r.first_token_s >= r.arrival_s for r in requests)
