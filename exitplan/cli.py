@@ -204,6 +204,14 @@ def stage_select_candidates(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None
     console.print(f"selected: {result['candidates']} -> {loaded.select_candidates.output}")
 
 
+@stage_app.command("label-quality")
+def stage_label_quality(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
+    """Measure per-query quality labels of the candidates by running them."""
+    _, m = _run_stage("label_quality", params)
+    console.print(", ".join(f"{k}: {v:.3f}" for k, v in m.items() if k not in ("queries", "seconds"))
+                  + f" ({m['queries']} queries, {m['seconds']:.0f} s)")
+
+
 def main() -> None:
     """Console-script entry point: run the app, turning an :class:`ExitplanError` into a message and exit 2."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

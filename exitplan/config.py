@@ -401,6 +401,44 @@ class SelectCandidatesParams(StrictModel):
     """Ranked candidates (JSON)."""
 
 
+class LabelQualityParams(StrictModel):
+    """Stage ``label_quality``: per-query quality of each candidate, measured by running it (BOUTE's labels)."""
+
+    models: list[str] = Field(min_length=1)
+    """Fetched models to label here."""
+
+    datasets: list[DatasetName] = Field(default_factory=lambda: ["gsm8k", "humaneval", "sharegpt", "aclsum",
+                                                                 "mtbench"])
+    """Data sets of the query table to label."""
+
+    queries_per_dataset: int = Field(default=16, ge=2)
+    """Queries per data set (a seeded sample). Cost: one teacher-forced pass each per model."""
+
+    max_prompt_tokens: int = Field(default=128, ge=8)
+    """Prompt tokens kept (the prompt is cut, then wrapped in the chat template)."""
+
+    max_reference_tokens: int = Field(default=64, ge=1)
+    """Reference tokens scored."""
+
+    gsm8k_generate: int = Field(default=16, ge=0)
+    """GSM8K queries also answered by generation and labelled by exact match (0: reference score only)."""
+
+    max_new_tokens: int = Field(default=192, ge=1)
+    """Generation limit for the GSM8K answers."""
+
+    batch_size: int = Field(default=8, ge=1)
+    """Generation batch."""
+
+    user_labels: str | None = None
+    """CSV of labels for models that cannot run here (columns model, dataset, query_id, quality)."""
+
+    seed: int = Field(default=0, ge=0)
+    """Seed of the query sample."""
+
+    output_dir: str = "data/labels"
+    """Folder of ``labels.parquet``."""
+
+
 class HeliosParams(StrictModel):
     """The HELIOS engine (serving/engine): candidates, confidence guard, profiling cadence, memory."""
 
@@ -484,6 +522,9 @@ class Params(StrictModel):
     select_candidates: SelectCandidatesParams = Field(default_factory=SelectCandidatesParams)
     """Stage ``select_candidates``."""
 
+    label_quality: LabelQualityParams
+    """Stage ``label_quality``."""
+
     _root: Path = PrivateAttr(default_factory=Path.cwd)
 
     @model_validator(mode="after")
@@ -560,6 +601,9 @@ def catalog_problems(params: Params, catalog: Catalog) -> list[str]:
     for i, name in enumerate(params.train_exits.models):
         if name not in params.fetch_models.models:
             problems.append(f"train_exits.models.{i}: '{name}' is not in fetch_models.models")
+    for i, name in enumerate(params.label_quality.models):
+        if name not in params.fetch_models.models:
+            problems.append(f"label_quality.models.{i}: '{name}' is not in fetch_models.models")
     for i, name in enumerate(params.profile_device.models):
         if name not in params.fetch_models.models:
             problems.append(f"profile_device.models.{i}: '{name}' is not in fetch_models.models")

@@ -38,6 +38,8 @@ def _small_params(repo: Path) -> dict:
     tree["profile_device"].update(models=[SMOLLM2], batch_sizes=[1, 4], contexts=[16], prefill_lengths=[8, 32],
                                   repeats=1)
     tree["select_candidates"].update(lengths_trace="small")
+    tree["label_quality"].update(models=[SMOLLM2], datasets=["gsm8k", "humaneval"], queries_per_dataset=3,
+                                 max_prompt_tokens=32, max_reference_tokens=16, gsm8k_generate=2, max_new_tokens=8)
     return tree
 
 
@@ -65,7 +67,7 @@ def flow_results(repo: Path, prefect_harness: None):
 
 def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) -> None:
     assert [r.target for r in flow_results] == ["fetch_models", "prepare_workload", "build_perf_db", "train_exits",
-                                                  "exit_profile", "profile_device", "select_candidates"]
+                                                  "exit_profile", "profile_device", "select_candidates", "label_quality"]
     assert flow_results[0].ran == [f"fetch_models@{SMOLLM2}"]
     assert flow_results[1].ran == ["prepare_workload"]
     assert flow_results[2].ran == ["build_perf_db"]
@@ -91,6 +93,9 @@ def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) 
     assert device["gpu"]["id"] == "local-cpu" and device["gpu"]["bf16_tflops"] > 0
     chosen = json.loads((repo / "data" / "helios" / "candidates.json").read_text())
     assert chosen["candidates"] == [SMOLLM2] and chosen["ranked"][0]["batch"] >= 1
+    labels = pd.read_parquet(repo / "data" / "labels" / "labels.parquet")
+    assert len(labels) == 6 and labels["quality"].between(0, 1).all()
+    assert sorted(labels["metric"]) == ["exact_match"] * 2 + ["reference_score"] * 4
     assert (repo / "model_repository" / "checkpoints" / SMOLLM2 / "model.safetensors").is_file()
     trace = pd.read_parquet(repo / "data" / "workload" / "trace_small.parquet")
     assert len(trace) == 60 and set(trace["dataset"]) == {"gsm8k", "humaneval"}
@@ -106,7 +111,7 @@ def test_stage_runs_are_tracked_in_mlflow(repo: Path, flow_results) -> None:
     runs = client.search_runs([experiment.experiment_id])
     by_name = {r.info.run_name: r for r in runs}
     assert set(by_name) == {f"fetch_models:{SMOLLM2}", "prepare_workload", "build_perf_db", f"train_exits:{SMOLLM2}",
-                            "exit_profile", "profile_device", "select_candidates"}
+                            "exit_profile", "profile_device", "select_candidates", "label_quality"}
     assert by_name["prepare_workload"].data.metrics["num_queries"] == 80
     assert by_name["prepare_workload"].data.params["seed"] == "0"
 

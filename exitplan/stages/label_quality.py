@@ -1,0 +1,75 @@
+"""Stage ``label_quality``: per-query quality labels of each candidate, measured by running it."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from exitplan.atomic import write_json, write_parquet
+from exitplan.config import Params
+from exitplan.tracking import log_stage_run
+
+STAGE = "label_quality"
+
+
+def sample_queries(params: Params) -> Any:
+    """The seeded sample of queries to label: ``queries_per_dataset`` of each data set."""
+    import pandas as pd
+
+    section = params.label_quality
+    table = pd.read_parquet(params.path(params.prepare_workload.output_dir) / "queries.parquet")
+    parts = []
+    for dataset in section.datasets:
+        mine = table[table["dataset"] == dataset]
+        parts.append(mine.sample(n=min(section.queries_per_dataset, len(mine)), random_state=section.seed))
+    return pd.concat(parts, ignore_index=True)
+
+
+def label_model(params: Params, name: str, queries: Any) -> Any:
+    """Reference scores of every query, and exact match of generated answers on the first GSM8K ones."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from exitplan.routing.labels import exact_match, generate, reference_scores
+
+    section = params.label_quality
+    checkpoint = params.checkpoint_path(name)
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    frame = queries[["dataset", "query_id"]].copy()
+    frame["model"] = name
+    frame["reference_score"] = reference_scores(model, tokenizer, queries["prompt"].tolist(),
+                                                queries["reference"].tolist(), section.max_prompt_tokens,
+                                                section.max_reference_tokens)
+    frame["metric"], frame["quality"] = "reference_score", frame["reference_score"]
+    gsm = queries.index[queries["dataset"] == "gsm8k"][: section.gsm8k_generate]
+    if len(gsm):
+        answers = generate(model, tokenizer, queries.loc[gsm, "prompt"].tolist(), section.max_new_tokens,
+                           section.batch_size, section.max_prompt_tokens)
+        frame.loc[gsm, "quality"] = [exact_match(a, r) for a, r in zip(answers, queries.loc[gsm, "reference"],
+                                                                        strict=True)]
+        frame.loc[gsm, "metric"] = "exact_match"
+    return frame
+
+
+def main(params: Params) -> dict[str, Any]:
+    """Label every model of ``label_quality.models`` (plus the user's CSV); write the labels and metrics."""
+    import pandas as pd
+
+    from exitplan.routing.labels import read_user_labels
+
+    section = params.label_quality
+    started = time.perf_counter()
+    queries = sample_queries(params)
+    frames = [label_model(params, name, queries) for name in section.models]
+    if section.user_labels:
+        frames.append(read_user_labels(params.path(section.user_labels)))
+    labels = pd.concat(frames, ignore_index=True)
+    labels["query_id"] = labels["query_id"].astype(str)
+    write_parquet(params.path(section.output_dir) / "labels.parquet", labels)
+    summary = labels.groupby(["model", "metric"])["quality"].mean()
+    metrics = {f"{m}.{metric}": float(v) for (m, metric), v in summary.items()}
+    metrics.update({"queries": len(queries), "seconds": time.perf_counter() - started})
+    report = write_json(params.path("reports") / STAGE / "metrics.json", metrics)
+    log_stage_run(STAGE, params.tracking, params.root, section.model_dump(), metrics, [report])
+    return metrics
