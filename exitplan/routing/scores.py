@@ -1,0 +1,81 @@
+"""Routing scores: how much a query needs a larger model, from its prompt alone.
+
+- :class:`EmbeddingScorer`: BOUTE's learned router - MiniLM sentence embeddings of the prompt, and a ridge regression
+  per model predicting its quality label; the score of routing up from model ``i`` to ``j`` is the predicted gain.
+  For K models the score is the predicted gain of the largest over the smallest.
+- :func:`prompt_loss`: the small model's own mean next-token loss on the prompt (no training; a hard prompt for the
+  small model is a candidate for the large one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def embed(checkpoint: Path, texts: Sequence[str], batch_size: int = 16, max_tokens: int = 256) -> np.ndarray:
+    """Mean-pooled, L2-normalised sentence embeddings (MiniLM's recipe) of ``texts``; ``n x d``."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    model = AutoModel.from_pretrained(str(checkpoint)).eval()
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(texts), batch_size):
+            batch = tokenizer(list(texts[start:start + batch_size]), padding=True, truncation=True,
+                              max_length=max_tokens, return_tensors="pt")
+            hidden = model(**batch).last_hidden_state
+            mask = batch["attention_mask"][..., None].float()
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            out.append(torch.nn.functional.normalize(pooled, dim=-1).numpy())
+    return np.concatenate(out)
+
+
+class EmbeddingScorer:
+    """Ridge regressions from prompt embeddings to each model's quality; score = predicted gain of the last model
+    over the first.
+
+    Args:
+        alpha: Ridge penalty.
+    """
+
+    def __init__(self, alpha: float = 1.0) -> None:
+        self.alpha = alpha
+        self._fits: list[Any] = []
+
+    def fit(self, embeddings: np.ndarray, qualities: np.ndarray) -> EmbeddingScorer:
+        """Fit on ``n x d`` embeddings and ``n x K`` quality labels (models from smallest to largest)."""
+        from sklearn.linear_model import Ridge
+
+        self._fits = [Ridge(alpha=self.alpha).fit(embeddings, qualities[:, k]) for k in range(qualities.shape[1])]
+        return self
+
+    def predict_quality(self, embeddings: np.ndarray) -> np.ndarray:
+        """Predicted quality of each model, ``n x K``."""
+        return np.stack([f.predict(embeddings) for f in self._fits], axis=1)
+
+    def score(self, embeddings: np.ndarray) -> np.ndarray:
+        """Predicted gain of the largest model over the smallest, ``n``."""
+        q = self.predict_quality(embeddings)
+        return q[:, -1] - q[:, 0]
+
+
+def prompt_loss(model: Any, tokenizer: Any, prompts: Sequence[str], max_tokens: int = 128) -> np.ndarray:
+    """Mean next-token loss of ``model`` on each prompt's own tokens, ``n`` (higher: harder for this model)."""
+    import torch
+    import torch.nn.functional as F
+
+    losses = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = tokenizer.encode(prompt, add_special_tokens=False)[:max_tokens]
+            if len(ids) < 2:
+                losses.append(0.0)
+                continue
+            logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+            losses.append(float(F.cross_entropy(logits, torch.tensor(ids[1:]))))
+    return np.asarray(losses)
