@@ -1,0 +1,167 @@
+"""The co-optimisation problem: routing fractions x a deployment candidate per model -> (latency, quality, cost).
+
+A point ``theta`` in the unit cube has ``K - 1`` routing coordinates (stick-breaking into ``K`` load fractions,
+smallest model first) and ``K`` deployment coordinates (each picks one of its model's candidates, ordered by cost).
+Budget and GPU availability are hard constraints: :meth:`PlanProblem.repair` steps the dearest model down its
+candidate list until the plan is feasible, so every evaluated plan is one that could be deployed. A model with no
+load is not deployed (costs nothing). Evaluation is a perf-DB look-up: each model's latency at its share of the load
+under the best split over its replicas; the plan's latency is the worst of the loaded models'; quality is the
+routing curve Q(f).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from exitplan.planner.candidates import Candidate
+from exitplan.simulator.curve import INF, LatencyCurve
+
+MIN_SHARE = 1e-3
+"""A model whose load fraction is below this is not deployed."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One evaluated plan.
+
+    Attributes:
+        fractions: Load fraction per model.
+        choice: Candidate index per model.
+        latency: Worst P95 latency (s) of the loaded models; inf if one cannot carry its load.
+        quality: Q(f).
+        cost: US$/h of the deployed models.
+    """
+
+    fractions: tuple[float, ...]
+    choice: tuple[int, ...]
+    latency: float
+    quality: float
+    cost: float
+
+
+@dataclass
+class PlanProblem:
+    """Everything an evaluation needs.
+
+    Attributes:
+        models: Model ids, smallest first.
+        candidates: Model -> its deployment candidates, by increasing cost.
+        curves: Model -> (gpu, tp, pp, layers) -> latency curve.
+        load: Total requests per second.
+        budget: US$/h cap.
+        available: GPU type -> GPUs available.
+        quality: Fractions (``K``) -> mean quality (the routing curve).
+    """
+
+    models: list[str]
+    candidates: dict[str, list[Candidate]]
+    curves: dict[str, Mapping[tuple, LatencyCurve]]
+    load: float
+    budget: float
+    available: Mapping[str, int]
+    quality: Callable[[np.ndarray], float]
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def dim(self) -> int:
+        """Dimensions of ``theta``."""
+        return 2 * len(self.models) - 1
+
+    @property
+    def routing_dims(self) -> list[int]:
+        """Indices of the routing coordinates."""
+        return list(range(len(self.models) - 1))
+
+    @property
+    def deployment_dims(self) -> list[int]:
+        """Indices of the deployment coordinates."""
+        return list(range(len(self.models) - 1, self.dim))
+
+    def fractions(self, theta: np.ndarray) -> np.ndarray:
+        """Stick-breaking: coordinate ``i`` is the share of the remaining load that goes past model ``i``."""
+        f, rest = [], 1.0
+        for u in theta[: len(self.models) - 1]:
+            f.append(rest * (1 - u))
+            rest *= u
+        return np.asarray([*f, rest])
+
+    def choice(self, theta: np.ndarray) -> tuple[int, ...]:
+        """Candidate index per model from the deployment coordinates."""
+        return tuple(min(int(u * len(self.candidates[m])), len(self.candidates[m]) - 1)
+                     for u, m in zip(theta[len(self.models) - 1:], self.models, strict=True))
+
+    def cost(self, fractions: np.ndarray, choice: Sequence[int]) -> float:
+        """US$/h of the loaded models' candidates."""
+        return sum(self.candidates[m][c].cost for m, c, f in zip(self.models, choice, fractions, strict=True)
+                   if f >= MIN_SHARE)
+
+    def feasible(self, fractions: np.ndarray, choice: Sequence[int]) -> bool:
+        """Within the budget and the GPUs available of every type."""
+        if self.cost(fractions, choice) > self.budget + 1e-9:
+            return False
+        used = [self.candidates[m][c] for m, c, f in zip(self.models, choice, fractions, strict=True)
+                if f >= MIN_SHARE]
+        return all(sum(c.gpus(gpu) for c in used) <= n for gpu, n in self.available.items())
+
+    def repair(self, fractions: np.ndarray, choice: Sequence[int]) -> tuple[int, ...] | None:
+        """Step the dearest loaded model down its candidates until the plan is feasible (``None``: impossible)."""
+        choice = list(choice)
+        while not self.feasible(fractions, choice):
+            loaded = [i for i, f in enumerate(fractions) if f >= MIN_SHARE and choice[i] > 0]
+            if not loaded:
+                return None
+            dearest = max(loaded, key=lambda i: self.candidates[self.models[i]][choice[i]].cost)
+            choice[dearest] -= 1
+        return tuple(choice)
+
+    def evaluate(self, theta: np.ndarray) -> Plan | None:
+        """The plan ``theta`` decodes to, repaired and evaluated (``None`` if no feasible plan is near)."""
+        fractions = self.fractions(np.asarray(theta, float))
+        choice = self.repair(fractions, self.choice(np.asarray(theta, float)))
+        if choice is None:
+            return None
+        return self.evaluate_plan(fractions, choice)
+
+    def evaluate_plan(self, fractions: np.ndarray, choice: Sequence[int]) -> Plan:
+        """Latency, quality and cost of given fractions and candidate choices (no repair)."""
+        key = (tuple(np.round(fractions, 6)), tuple(choice))
+        if key not in self._cache:
+            latency = 0.0
+            for m, c, f in zip(self.models, choice, fractions, strict=True):
+                if f >= MIN_SHARE:
+                    latency = max(latency, self.candidates[m][c].latency(f * self.load, self.curves[m]))
+            self._cache[key] = Plan(tuple(float(x) for x in fractions), tuple(choice), float(latency),
+                                    float(self.quality(fractions)), float(self.cost(fractions, choice)))
+        return self._cache[key]
+
+
+def pareto(plans: Sequence[Plan]) -> list[Plan]:
+    """Plans not dominated in (latency down, quality up) among those with finite latency, by latency."""
+    finite = sorted((p for p in plans if p.latency < INF), key=lambda p: (p.latency, -p.quality))
+    front, best = [], -np.inf
+    for plan in finite:
+        if plan.quality > best + 1e-12:
+            front.append(plan)
+            best = plan.quality
+    return front
+
+
+def hypervolume(plans: Sequence[Plan], ref_latency: float, ref_quality: float) -> float:
+    """Area dominated by ``plans`` in (log latency, quality) up to the reference point (latency <= ref, quality >=
+    ref)."""
+    area, prev_q = 0.0, ref_quality
+    for plan in pareto(plans):
+        if plan.latency >= ref_latency or plan.quality <= prev_q:
+            continue
+        area += (np.log(ref_latency) - np.log(plan.latency)) * (plan.quality - prev_q)
+        prev_q = plan.quality
+    return float(area)
+
+
+def best_under(plans: Sequence[Plan], max_latency: float = INF, min_quality: float = -INF) -> Plan | None:
+    """The lowest-latency plan meeting the quality floor (and latency cap), cheapest on ties."""
+    ok = [p for p in plans if p.quality >= min_quality and p.latency <= max_latency]
+    return min(ok, key=lambda p: (p.latency, p.cost), default=None)

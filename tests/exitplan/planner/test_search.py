@@ -1,0 +1,50 @@
+"""Plans: exhaustive search equals brute force; every plan is feasible; MOBO is not beaten by random search."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from exitplan.planner.mobo import optimise
+from exitplan.planner.problem import best_under, hypervolume, pareto
+from exitplan.planner.search import exhaustive, fraction_grid, random_search
+
+
+def test_exhaustive_equals_brute_force_on_a_tiny_case(problem) -> None:
+    plans = exhaustive(problem, steps=4)
+    brute = []
+    for f in np.linspace(0, 1, 5):
+        fractions = np.array([1 - f, f])
+        for a, b in itertools.product(range(len(problem.candidates["small"])),
+                                      range(len(problem.candidates["large"]))):
+            cost = sum(problem.candidates[m][c].cost for m, c, share in
+                       zip(["small", "large"], (a, b), fractions, strict=True) if share >= 1e-3)
+            if cost <= problem.budget:
+                brute.append(problem.evaluate_plan(fractions, (a, b)))
+    def front(found):  # (latency, quality) of the front: ties between equal plans may pick either
+        return {(round(p.latency, 9), round(p.quality, 9)) for p in pareto(found)}
+
+    assert front(plans) == front(brute) and len(front(plans)) >= 3
+    assert len(fraction_grid(3, 4)) == 15
+
+
+def test_every_plan_respects_budget_and_availability(problem) -> None:
+    for plan in random_search(problem, 200, seed=3):
+        assert plan.cost <= problem.budget + 1e-9
+        used = [problem.candidates[m][c] for m, c, f in zip(problem.models, plan.choice, plan.fractions,
+                                                            strict=True) if f >= 1e-3]
+        assert all(sum(c.gpus(t) for c in used) <= n for t, n in problem.available.items())
+
+
+def test_mobo_front_is_not_dominated_by_random_search_with_the_same_budget(problem) -> None:
+    truth = exhaustive(problem, steps=20)
+    ref_latency = max(p.latency for p in truth if np.isfinite(p.latency)) * 1.1
+    ref_quality = min(p.quality for p in truth) - 0.01
+    mobo = optimise(problem, evaluations=32, initial=8, q=4, seed=0)
+    rand = random_search(problem, 32, seed=0)
+    hv = {name: hypervolume(plans, ref_latency, ref_quality) for name, plans in
+          (("truth", truth), ("mobo", mobo.plans), ("random", rand))}
+    assert hv["mobo"] >= hv["random"] and hv["mobo"] <= hv["truth"] + 1e-9
+    best = best_under(mobo.plans, min_quality=0.7)
+    assert best is not None and best.quality >= 0.7
