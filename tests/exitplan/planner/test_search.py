@@ -18,9 +18,10 @@ def test_exhaustive_equals_brute_force_on_a_tiny_case(problem) -> None:
         fractions = np.array([1 - f, f])
         for a, b in itertools.product(range(len(problem.candidates["small"])),
                                       range(len(problem.candidates["large"]))):
-            cost = sum(problem.candidates[m][c].cost for m, c, share in
-                       zip(["small", "large"], (a, b), fractions, strict=True) if share >= 1e-3)
-            if cost <= problem.budget:
+            used = [problem.candidates[m][c] for m, c, share in
+                    zip(["small", "large"], (a, b), fractions, strict=True) if share >= 1e-3]
+            fits = all(sum(c.gpus(t) for c in used) <= n for t, n in problem.available.items())
+            if sum(c.cost for c in used) <= problem.budget and fits:
                 brute.append(problem.evaluate_plan(fractions, (a, b)))
     def front(found):  # (latency, quality) of the front: ties between equal plans may pick either
         return {(round(p.latency, 9), round(p.quality, 9)) for p in pareto(found)}
