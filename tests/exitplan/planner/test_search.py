@@ -49,3 +49,19 @@ def test_mobo_front_is_not_dominated_by_random_search_with_the_same_budget(probl
     assert hv["mobo"] >= hv["random"] and hv["mobo"] <= hv["truth"] + 1e-9
     best = best_under(mobo.plans, min_quality=0.7)
     assert best is not None and best.quality >= 0.7
+
+
+def test_baselines_meet_the_floor_and_never_beat_the_full_search(problem) -> None:
+    from exitplan.planner.baselines import baselines
+
+    truth = best_under(exhaustive(problem, steps=20), min_quality=0.75)
+    found = baselines(problem, min_quality=0.75)
+    assert set(found) == {"single-small", "single-small-homo", "single-large", "single-large-homo",
+                          "routellm-uniform", "homogeneous"}
+    assert found["single-small"] is None  # the small model alone reaches only 0.4
+    for name, plan in found.items():
+        if plan is not None:
+            assert plan.quality >= 0.75 and plan.latency >= truth.latency - 1e-12, name
+    homo = found["homogeneous"]
+    assert len({g.gpu for m, c in zip(problem.models, homo.choice, strict=True)
+                for g in problem.candidates[m][c].groups}) == 1
