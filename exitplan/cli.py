@@ -212,6 +212,21 @@ def stage_label_quality(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
                   + f" ({m['queries']} queries, {m['seconds']:.0f} s)")
 
 
+@stage_app.command("plan")
+def stage_plan(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
+    """Co-optimise routing and deployment per scenario (BOUTE); register the first scenario's plan."""
+    _, result = _run_stage("plan", params)
+    for name, plan in result["plans"].items():
+        console.print(f"{name}: P95 {plan['predicted_p95_s']:.3f} s, quality {plan['predicted_quality']:.3f}, "
+                      f"${plan['cost_per_hour']:.2f}/h, fractions "
+                      f"{[round(m['fraction'], 2) for m in plan['models']]} ({plan['evaluations']} evaluations, "
+                      f"{plan['mobo_seconds']:.0f} s)")
+    for name, why in result["skipped"].items():
+        console.print(f"{name}: skipped - {why}")
+    if result["version"]:
+        console.print(f"registered as version {result['version']} (alias challenger)")
+
+
 def main() -> None:
     """Console-script entry point: run the app, turning an :class:`ExitplanError` into a message and exit 2."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -439,6 +439,78 @@ class LabelQualityParams(StrictModel):
     """Folder of ``labels.parquet``."""
 
 
+class PlanScenario(StrictModel):
+    """One co-optimisation scenario: models, GPUs, budget, load and SLO."""
+
+    name: str = Field(pattern=r"^[a-z0-9-]+$")
+    """Scenario id (outputs go to ``<output_dir>/<name>/``)."""
+
+    models: list[str] = Field(min_length=2)
+    """Models to route between, smallest first; each needs perf-DB rows and quality labels."""
+
+    gpus: dict[str, int] = Field(min_length=1)
+    """GPU type -> GPUs available."""
+
+    budget_per_hour: float = Field(gt=0)
+    """US$/h cap."""
+
+    load_qps: float = Field(gt=0)
+    """Requests per second to serve."""
+
+    max_p95_s: float | None = Field(default=None, gt=0)
+    """SLO: P95 end-to-end latency cap in seconds (empty: none)."""
+
+    min_quality: float = Field(default=0.0, ge=0, le=1)
+    """SLO: quality floor (mean label of the routed queries)."""
+
+    required: bool = True
+    """A scenario that is not required is skipped, with a message naming what to supply, when its inputs (labels)
+    are missing."""
+
+
+class PlanParams(StrictModel):
+    """Stage ``plan``: BOUTE's co-optimisation of routing and deployment, per scenario."""
+
+    scenarios: list[PlanScenario] = Field(min_length=1)
+    """Scenarios; the first is the one promoted."""
+
+    metric: Literal["e2e_p95_s", "e2e_p99_s", "ttft_p95_s", "tpot_p95_s"] = "e2e_p95_s"
+    """Latency metric of the perf DB that is optimised."""
+
+    routing_train_share: float = Field(default=0.5, gt=0, lt=1)
+    """Share of the labelled queries that trains the router; the rest measures Q(f)."""
+
+    embedder: str = "sentence-transformers/all-MiniLM-L6-v2"
+    """Fetched sentence embedder of the router."""
+
+    fraction_steps: int = Field(default=20, ge=2)
+    """Grid of load fractions for Q(f), the exhaustive front and the baselines (1/steps)."""
+
+    budget_points: int = Field(default=12, ge=2)
+    """Budgets of the knapsack grid for mixed-GPU candidates."""
+
+    evaluations: int = Field(default=40, ge=4)
+    """MOBO evaluations (perf-DB look-ups)."""
+
+    initial: int = Field(default=8, ge=2)
+    """Sobol evaluations before the first GP."""
+
+    batch: int = Field(default=4, ge=1)
+    """MOBO evaluations per round."""
+
+    beta: float = Field(default=1.0, ge=0)
+    """GPU-preference strength of the deployment kernel."""
+
+    seed: int = Field(default=0, ge=0)
+    """Seed of the router split, the Sobol design and the MC samplers."""
+
+    registered_model: str = "exitplan-plan"
+    """MLflow registered model the promoted scenario's plan becomes a version of (alias ``challenger``)."""
+
+    output_dir: str = "data/plan"
+    """Folder of the fronts and plans."""
+
+
 class HeliosParams(StrictModel):
     """The HELIOS engine (serving/engine): candidates, confidence guard, profiling cadence, memory."""
 
@@ -525,6 +597,9 @@ class Params(StrictModel):
     label_quality: LabelQualityParams
     """Stage ``label_quality``."""
 
+    plan: PlanParams
+    """Stage ``plan``."""
+
     _root: Path = PrivateAttr(default_factory=Path.cwd)
 
     @model_validator(mode="after")
@@ -601,6 +676,13 @@ def catalog_problems(params: Params, catalog: Catalog) -> list[str]:
     for i, name in enumerate(params.train_exits.models):
         if name not in params.fetch_models.models:
             problems.append(f"train_exits.models.{i}: '{name}' is not in fetch_models.models")
+    for i, scenario in enumerate(params.plan.scenarios):
+        for name in scenario.models:
+            if not isinstance(catalog.find_model(name), Model):
+                problems.append(f"plan.scenarios.{i}.models: '{name}' is not a decoder model of the catalog")
+        for gpu in scenario.gpus:
+            if not catalog.has_gpu(gpu):
+                problems.append(f"plan.scenarios.{i}.gpus: unknown GPU '{gpu}'; known: {known}")
     for i, name in enumerate(params.label_quality.models):
         if name not in params.fetch_models.models:
             problems.append(f"label_quality.models.{i}: '{name}' is not in fetch_models.models")

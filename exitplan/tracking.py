@@ -75,3 +75,50 @@ def log_stage_run(stage: str, settings: TrackingParams, root: Path, params: Mapp
         for path in artifacts:
             mlflow.log_artifact(str(path))
         return run.info.run_id
+
+
+def register_plan(settings: TrackingParams, root: Path, stage: str, plan_path: Path, model_name: str,
+                  params: Mapping[str, Any], metrics: Mapping[str, Any], artifacts: Iterable[Path] = (),
+                  alias: str = "challenger") -> str | None:
+    """Record a plan run and register the plan as a version of ``model_name`` with ``alias`` (never a stage).
+
+    The registered model is a pyfunc whose ``predict`` routes queries: given a frame with a ``score`` column (the
+    router's score), it returns the model each query goes to, by the plan's thresholds.
+
+    Returns:
+        The model version, or None when tracking is disabled.
+    """
+    if not settings.enabled:
+        return None
+    import json
+
+    import mlflow
+    import mlflow.pyfunc
+
+    class PlanRouter(mlflow.pyfunc.PythonModel):
+        """Routes scored queries by the plan's thresholds."""
+
+        def load_context(self, context: Any) -> None:
+            self.plan = json.loads(Path(context.artifacts["plan"]).read_text())
+
+        def predict(self, context: Any, model_input: Any, params: Any = None) -> list[str]:
+            import numpy as np
+
+            cuts = np.asarray(self.plan["thresholds"], float)
+            models = [m["model"] for m in self.plan["models"]]
+            return [models[i] for i in np.searchsorted(cuts, model_input["score"].to_numpy(), side="right")]
+
+    mlflow.set_tracking_uri(tracking_uri(settings, root))
+    if mlflow.get_experiment_by_name(settings.experiment) is None:
+        mlflow.create_experiment(settings.experiment, artifact_location=(root / "mlartifacts").as_uri())
+    mlflow.set_experiment(settings.experiment)
+    with mlflow.start_run(run_name=stage, tags={"stage": stage}):
+        mlflow.log_params({k: str(v)[:MAX_PARAM_CHARS] for k, v in flatten(params).items()})
+        mlflow.log_metrics(_numeric(metrics))
+        for path in artifacts:
+            mlflow.log_artifact(str(path))
+        info = mlflow.pyfunc.log_model(name="plan", python_model=PlanRouter(), artifacts={"plan": str(plan_path)},
+                                       pip_requirements=["pandas", "numpy"])
+    version = mlflow.register_model(info.model_uri, model_name)
+    mlflow.MlflowClient().set_registered_model_alias(model_name, alias, version.version)
+    return str(version.version)

@@ -14,7 +14,7 @@ from exitplan.pipeline import ReproResult
 from tasks.pipeline import check_config, repro_stage
 
 STAGES = ("fetch_models", "prepare_workload", "build_perf_db", "train_exits", "exit_profile", "profile_device",
-          "select_candidates", "label_quality")
+          "select_candidates", "label_quality", "plan")
 """The file-to-file stages of dvc.yaml, in order."""
 
 

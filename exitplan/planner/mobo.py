@@ -119,11 +119,23 @@ def _targets(plans: list[Plan], worst_latency: float) -> np.ndarray:
     return np.stack([-np.log(lat), np.log(q / (1 - q))], axis=1)
 
 
-def _pool(problem: PlanProblem, size: int, rng: np.random.Generator) -> np.ndarray:
-    """Random feasible points, deployment coordinates snapped to candidate centres (the discrete choices)."""
+def _any_feasible(problem: PlanProblem) -> bool:
+    """Whether some plan is feasible (all load on one model, its cheapest candidate, is the easiest)."""
+    k = len(problem.models)
+    return any(problem.feasible(np.eye(k)[i], [0] * k) for i in range(k))
+
+
+def _pool(problem: PlanProblem, size: int, rng: np.random.Generator, tries: int = 200) -> np.ndarray:
+    """Random feasible points, deployment coordinates snapped to candidate centres (the discrete choices); a
+    routing coordinate is pushed to an end now and then, so plans that load only some models are in the pool."""
     points = []
-    while len(points) < size:
+    for _ in range(size * tries):
+        if len(points) >= size:
+            break
         theta = rng.uniform(size=problem.dim)
+        for d in problem.routing_dims:
+            if rng.uniform() < 0.15:
+                theta[d] = float(rng.integers(2))
         fractions = problem.fractions(theta)
         choice = problem.repair(fractions, problem.choice(theta))
         if choice is None:
@@ -177,6 +189,17 @@ def optimise(problem: PlanProblem, evaluations: int = 40, initial: int = 8, q: i
 
     for theta in SobolEngine(problem.dim, scramble=True, seed=seed).draw(initial).double().numpy():
         run(theta)
+    for _ in range(50 * initial):  # top up the design where most of the cube is infeasible
+        if len(result.plans) >= min(initial, 2):
+            break
+        pool = _pool(problem, 1, rng) if _any_feasible(problem) else np.empty((0, problem.dim))
+        if len(pool):
+            run(pool[0])
+    if len(result.plans) < 2:
+        from exitplan.errors import ExitplanError
+
+        raise ExitplanError("fewer than two feasible plans found: the budget or the GPUs available are too tight "
+                            "for these models at this load")
     while len(result.plans) < evaluations:
         worst = max((p.latency for p in result.plans if p.latency < INF), default=1.0)
         x = torch.tensor(np.asarray(xs), dtype=torch.double)
@@ -199,6 +222,8 @@ def optimise(problem: PlanProblem, evaluations: int = 40, initial: int = 8, q: i
             model, ref_point=ref, X_baseline=x, prune_baseline=True, constraints=constraints or None,
             sampler=SobolQMCNormalSampler(torch.Size([64]), seed=int(rng.integers(1 << 30))))
         pool = _pool(problem, pool_size, rng)
+        if not len(pool):
+            break
         chosen, _ = optimize_acqf_discrete(acq, q=min(q, evaluations - len(result.plans)),
                                            choices=torch.tensor(pool, dtype=torch.double))
         for theta in chosen.numpy():

@@ -16,12 +16,14 @@ from exitplan.errors import PipelineError
 from exitplan.pipeline import dvc_executable, repro
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+LLAMA2 = "meta-llama/Llama-2-7b-hf"
 
 
 def _small_params(repo: Path) -> dict:
     tree = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
     tree["tracking"]["tracking_uri"] = f"sqlite:///{repo / 'mlflow.db'}"
-    tree["fetch_models"]["models"] = [SMOLLM2]
+    tree["fetch_models"]["models"] = [SMOLLM2, MINILM]
     workload = tree["prepare_workload"]
     workload.update(tokenizer_model=SMOLLM2, datasets=["gsm8k", "humaneval"], max_queries_per_dataset=40)
     workload["traces"] = [{"name": "small", "arrival": "gamma", "burstiness": 0.5, "qps": 5.0,
@@ -39,8 +41,23 @@ def _small_params(repo: Path) -> dict:
                                   repeats=1)
     tree["select_candidates"].update(lengths_trace="small")
     tree["label_quality"].update(models=[SMOLLM2], datasets=["gsm8k", "humaneval"], queries_per_dataset=3,
-                                 max_prompt_tokens=32, max_reference_tokens=16, gsm8k_generate=2, max_new_tokens=8)
+                                 max_prompt_tokens=32, max_reference_tokens=16, gsm8k_generate=2, max_new_tokens=8,
+                                 user_labels="user_labels.csv")
+    tree["plan"].update(evaluations=8, initial=4, batch=2, fraction_steps=4, budget_points=3, scenarios=[
+        {"name": "tiny", "models": [SMOLLM2, LLAMA2], "gpus": {"rtx-4090": 2}, "budget_per_hour": 1.2,
+         "load_qps": 1.0, "min_quality": 0.0},
+        {"name": "unlabelled", "models": [SMOLLM2, "meta-llama/Llama-2-70b-hf"], "gpus": {"rtx-4090": 2},
+         "budget_per_hour": 1.2, "load_qps": 4.0, "required": False}])
     return tree
+
+
+def _user_labels(path: Path) -> None:
+    """Labels a user supplies for a model that cannot run here (the import path; fixed test values)."""
+    from exitplan.workload.sources import read_queries
+
+    rows = [f"{LLAMA2},{d},{q.query_id},{0.3 + 0.6 * (i % 7) / 6:.3f}"
+            for d in ("gsm8k", "humaneval") for i, q in enumerate(read_queries(d))]
+    path.write_text("model,dataset,query_id,quality\n" + "\n".join(rows) + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +69,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copy(REPO_ROOT / "model_repository" / "catalog.yaml", repo / "model_repository" / "catalog.yaml")
     shutil.copytree(REPO_ROOT / "exitplan", repo / "exitplan", ignore=shutil.ignore_patterns("__pycache__"))
     (repo / "params.yaml").write_text(yaml.safe_dump(_small_params(repo), sort_keys=False))
+    _user_labels(repo / "user_labels.csv")
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     subprocess.run([dvc_executable(), "init", "-q"], cwd=repo, check=True)
     return repo
@@ -67,8 +85,9 @@ def flow_results(repo: Path, prefect_harness: None):
 
 def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) -> None:
     assert [r.target for r in flow_results] == ["fetch_models", "prepare_workload", "build_perf_db", "train_exits",
-                                                  "exit_profile", "profile_device", "select_candidates", "label_quality"]
-    assert flow_results[0].ran == [f"fetch_models@{SMOLLM2}"]
+                                                  "exit_profile", "profile_device", "select_candidates", "label_quality",
+                                                  "plan"]
+    assert set(flow_results[0].ran) == {f"fetch_models@{SMOLLM2}", f"fetch_models@{MINILM}"}
     assert flow_results[1].ran == ["prepare_workload"]
     assert flow_results[2].ran == ["build_perf_db"]
     db = pd.read_parquet(repo / "data" / "perf_db" / "perf_db.parquet")
@@ -94,8 +113,15 @@ def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) 
     chosen = json.loads((repo / "data" / "helios" / "candidates.json").read_text())
     assert chosen["candidates"] == [SMOLLM2] and chosen["ranked"][0]["batch"] >= 1
     labels = pd.read_parquet(repo / "data" / "labels" / "labels.parquet")
-    assert len(labels) == 6 and labels["quality"].between(0, 1).all()
-    assert sorted(labels["metric"]) == ["exact_match"] * 2 + ["reference_score"] * 4
+    mine = labels[labels["model"] == SMOLLM2]
+    assert len(mine) == 6 and labels["quality"].between(0, 1).all()
+    assert sorted(mine["metric"]) == ["exact_match"] * 2 + ["reference_score"] * 4
+    assert set(labels[labels["model"] == LLAMA2]["metric"]) == {"user"}
+    plan = json.loads((repo / "data" / "plan" / "tiny" / "plan.json").read_text())
+    assert plan["cost_per_hour"] <= 1.2 and sum(m["fraction"] for m in plan["models"]) == pytest.approx(1.0)
+    assert (repo / "reports" / "plan" / "tiny" / "front.png").is_file()
+    metrics = json.loads((repo / "reports" / "plan" / "metrics.json").read_text())
+    assert "supply" in metrics["skipped"]["unlabelled"] or "label" in metrics["skipped"]["unlabelled"]
     assert (repo / "model_repository" / "checkpoints" / SMOLLM2 / "model.safetensors").is_file()
     trace = pd.read_parquet(repo / "data" / "workload" / "trace_small.parquet")
     assert len(trace) == 60 and set(trace["dataset"]) == {"gsm8k", "humaneval"}
@@ -110,10 +136,12 @@ def test_stage_runs_are_tracked_in_mlflow(repo: Path, flow_results) -> None:
     experiment = client.get_experiment_by_name("exitplan")
     runs = client.search_runs([experiment.experiment_id])
     by_name = {r.info.run_name: r for r in runs}
-    assert set(by_name) == {f"fetch_models:{SMOLLM2}", "prepare_workload", "build_perf_db", f"train_exits:{SMOLLM2}",
-                            "exit_profile", "profile_device", "select_candidates", "label_quality"}
+    assert set(by_name) == {f"fetch_models:{SMOLLM2}", f"fetch_models:{MINILM}", "prepare_workload",
+                            "build_perf_db", f"train_exits:{SMOLLM2}", "exit_profile", "profile_device", "select_candidates", "label_quality", "plan"}
     assert by_name["prepare_workload"].data.metrics["num_queries"] == 80
     assert by_name["prepare_workload"].data.params["seed"] == "0"
+    version = client.get_model_version_by_alias("exitplan-plan", "challenger")
+    assert version.run_id == by_name["plan"].info.run_id
 
 
 def test_second_repro_does_nothing_and_a_param_change_reruns_only_its_stage(repo: Path, flow_results) -> None:

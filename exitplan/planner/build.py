@@ -1,0 +1,92 @@
+"""Build a :class:`PlanProblem` from the pipeline's outputs: the perf DB, the catalog's prices, the quality labels."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from exitplan.errors import ExitplanError
+from exitplan.planner.candidates import mixed_candidates
+from exitplan.planner.problem import PlanProblem
+from exitplan.simulator.curve import LatencyCurve
+from exitplan.simulator.perf_db import curve_of
+
+
+def deployment_curves(db: Any, model: str, gpus: Sequence[str], metric: str) -> dict[tuple, LatencyCurve]:
+    """Every full-depth layout of ``model`` on ``gpus`` in the perf DB, as latency curves.
+
+    Raises:
+        ExitplanError: if the perf DB has no layout of the model on those GPUs.
+    """
+    rows = db[(db["model"] == model) & db["gpu"].isin(list(gpus))]
+    layouts = rows[["gpu", "tp", "pp", "layers"]].drop_duplicates().itertuples(index=False)
+    curves = {(g, int(tp), int(pp), int(layers)): curve_of(db, model, g, int(tp), int(pp), int(layers), metric)
+              for g, tp, pp, layers in layouts}
+    if not curves:
+        raise ExitplanError(f"the perf DB has no {model} on {list(gpus)}: add them to build_perf_db")
+    return curves
+
+
+def quality_table(labels: Any, models: Sequence[str]) -> Any:
+    """Queries labelled for every model: a frame indexed by (dataset, query_id) with one quality column per model.
+
+    Raises:
+        ExitplanError: naming the models without labels.
+    """
+    missing = [m for m in models if m not in set(labels["model"])]
+    if missing:
+        raise ExitplanError(f"no quality labels for {missing}: run label_quality on them, or supply a CSV "
+                            f"(model, dataset, query_id, quality) as label_quality.user_labels")
+    wide = labels.pivot_table(index=["dataset", "query_id"], columns="model", values="quality").dropna()
+    if len(wide) < 4:
+        raise ExitplanError(f"only {len(wide)} queries are labelled for all of {list(models)}")
+    return wide[list(models)]
+
+
+def quality_function(scores: np.ndarray, qualities: np.ndarray, steps: int) -> tuple[Any, np.ndarray, np.ndarray]:
+    """Q(f) measured on held-out queries over a fraction grid, interpolated (K = 2) or nearest (K > 2)."""
+    from exitplan.planner.search import fraction_grid
+    from exitplan.routing.fractions import quality_curve
+
+    grid = np.asarray(fraction_grid(qualities.shape[1], steps))
+    values = quality_curve(scores, qualities, grid)
+
+    def q(fractions: np.ndarray) -> float:
+        if len(fractions) == 2:
+            order = np.argsort(grid[:, 1])
+            return float(np.interp(fractions[1], grid[order, 1], values[order]))
+        return float(values[int(np.argmin(np.abs(grid - np.asarray(fractions)).sum(axis=1)))])
+
+    return q, grid, values
+
+
+def problem_from(db: Any, prices: Mapping[str, float], available: Mapping[str, int], models: Sequence[str],
+                 quality: Any, load: float, budget: float, metric: str, budget_points: int,
+                 target_latency: float | None) -> PlanProblem:
+    """The co-optimisation problem: candidates per model from the perf DB (knapsack over a budget grid)."""
+    curves, candidates = {}, {}
+    for m in models:
+        curves[m] = deployment_curves(db, m, list(prices), metric)
+        target = target_latency or float(np.median([c.latency[-1] for c in curves[m].values() if c.capacity]))
+        found = mixed_candidates(curves[m], prices, load, available, np.linspace(budget / budget_points, budget,
+                                                                                  budget_points), target)
+        candidates[m] = sorted(found, key=lambda c: c.cost)
+        if not candidates[m]:
+            raise ExitplanError(f"{m}: no deployment fits {dict(available)} GPUs and ${budget}/h")
+    return PlanProblem(list(models), candidates, curves, load, budget, available, quality)
+
+
+def read_labels(path: Path) -> Any:
+    """The ``label_quality`` stage's labels.
+
+    Raises:
+        ExitplanError: if the stage has not run.
+    """
+    import pandas as pd
+
+    if not path.is_file():
+        raise ExitplanError(f"no labels at {path}: run the label_quality stage first")
+    return pd.read_parquet(path)

@@ -1,0 +1,200 @@
+"""Stage ``plan``: BOUTE's co-optimisation per scenario - Pareto front, baselines and the chosen plan."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from exitplan.atomic import write_atomic, write_json, write_parquet
+from exitplan.config import Params, PlanScenario
+from exitplan.errors import ExitplanError
+from exitplan.tracking import register_plan
+
+STAGE = "plan"
+
+
+def router(params: Params, scenario: PlanScenario) -> dict[str, Any]:
+    """Train the embedding router on part of the labelled queries; measure Q(f) on the rest.
+
+    Returns:
+        ``quality`` (fractions -> Q), ``grid`` and ``values`` of the measured curve, ``window`` (scores of every
+        labelled query, for thresholds), and the oracle / random curves on the same grid for reference.
+    """
+    import pandas as pd
+
+    from exitplan.planner.build import quality_function, quality_table, read_labels
+    from exitplan.routing.fractions import quality_curve
+    from exitplan.routing.scores import EmbeddingScorer, embed
+
+    section = params.plan
+    labels = read_labels(params.path(params.label_quality.output_dir) / "labels.parquet")
+    wide = quality_table(labels, scenario.models)
+    queries = pd.read_parquet(params.path(params.prepare_workload.output_dir) / "queries.parquet")
+    queries["query_id"] = queries["query_id"].astype(str)
+    prompts = queries.set_index(["dataset", "query_id"]).loc[wide.index, "prompt"].tolist()
+    vectors = embed(params.checkpoint_path(section.embedder), prompts)
+    order = np.random.default_rng(section.seed).permutation(len(wide))
+    cut = max(2, int(len(wide) * section.routing_train_share))
+    train, held = order[:cut], order[cut:]
+    q = wide.to_numpy()
+    scorer = EmbeddingScorer().fit(vectors[train], q[train])
+    scores = scorer.score(vectors[held])
+    quality, grid, values = quality_function(scores, q[held], section.fraction_steps)
+    oracle = quality_curve(q[held][:, -1] - q[held][:, 0], q[held], grid)
+    random = quality_curve(np.random.default_rng(section.seed).normal(size=len(held)), q[held], grid)
+    return {"quality": quality, "grid": grid, "values": values, "oracle": oracle, "random": random,
+            "window": scorer.score(vectors), "held_out": len(held), "train": len(train)}
+
+
+def binding_constraint(truth: list, scenario: PlanScenario) -> str:
+    """Which SLO constraint no plan meets, with the best that is feasible."""
+    from exitplan.planner.problem import best_under
+
+    best_q = max((p.quality for p in truth if np.isfinite(p.latency)), default=float("nan"))
+    if not truth or best_q < scenario.min_quality:
+        return (f"the quality floor binds: Q >= {scenario.min_quality} is out of reach within "
+                f"${scenario.budget_per_hour}/h at {scenario.load_qps} req/s; the best quality that is feasible is "
+                f"{best_q:.3f}")
+    fastest = best_under(truth, min_quality=scenario.min_quality)
+    return (f"the latency cap binds: P95 <= {scenario.max_p95_s} s is out of reach with Q >= "
+            f"{scenario.min_quality} within ${scenario.budget_per_hour}/h; the lowest feasible P95 is "
+            f"{fastest.latency:.3f} s (${fastest.cost:.2f}/h)")
+
+
+def describe(problem: Any, plan: Any, window: np.ndarray, params: Params) -> dict[str, Any]:
+    """The plan as JSON: per model its fraction, threshold, GPU groups, replica load weights, predicted P95/P99."""
+    from exitplan.planner.build import deployment_curves
+    from exitplan.routing.fractions import thresholds
+    from exitplan.simulator.curve import best_split
+
+    cuts = thresholds(window, plan.fractions)
+    models = []
+    for m, c, f in zip(problem.models, plan.choice, plan.fractions, strict=True):
+        cand = problem.candidates[m][c]
+        load = f * problem.load
+        entry = {"model": m, "fraction": f, "load_qps": load, "deployed": f >= 1e-3, "cost_per_hour": 0.0,
+                 "groups": [], "replica_weights": []}
+        if f >= 1e-3:
+            weights, p95 = best_split(load, cand.replica_curves(problem.curves[m]))
+            p99_curves = deployment_curves(params_db(params), m, [g.gpu for g in cand.groups], "e2e_p99_s")
+            _, p99 = best_split(load, cand.replica_curves(p99_curves))
+            entry.update(cost_per_hour=cand.cost, predicted_p95_s=p95, predicted_p99_s=p99,
+                         replica_weights=list(np.asarray(weights) / load),
+                         groups=[{"gpu": g.gpu, "tp": g.tp, "pp": g.pp, "dp": g.dp, "gpus": g.gpus,
+                                  "layers": g.layers} for g in cand.groups])
+        models.append(entry)
+    return {"models": models, "thresholds": [float(x) for x in cuts], "predicted_p95_s": plan.latency,
+            "predicted_quality": plan.quality, "cost_per_hour": plan.cost, "load_qps": problem.load,
+            "budget_per_hour": problem.budget}
+
+
+_DB: dict[str, Any] = {}
+
+
+def params_db(params: Params) -> Any:
+    """The perf DB (read once per process)."""
+    import pandas as pd
+
+    path = str(params.path(params.build_perf_db.output_dir) / "perf_db.parquet")
+    if path not in _DB:
+        _DB[path] = pd.read_parquet(path)
+    return _DB[path]
+
+
+def plot_front(path: Path, title: str, mobo: list, truth: list, marks: dict[str, Any], chosen: Any) -> Path:
+    """P95 latency vs quality: every MOBO evaluation, the exhaustive front, the baselines and the chosen plan."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from exitplan.planner.problem import pareto
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    finite = [p for p in mobo if np.isfinite(p.latency)]
+    ax.scatter([p.latency for p in finite], [p.quality for p in finite], s=12, alpha=0.4, label="MOBO evaluations")
+    front = pareto(truth)
+    ax.step([p.latency for p in front], [p.quality for p in front], where="post", color="black", linewidth=1,
+            label="exhaustive front")
+    for name, plan in marks.items():
+        if plan is not None:
+            ax.scatter([plan.latency], [plan.quality], marker="x", s=50, label=name)
+    if chosen is not None:
+        ax.scatter([chosen.latency], [chosen.quality], marker="*", s=160, color="red", label="chosen plan")
+    ax.set(xscale="log", xlabel="P95 end-to-end latency (s)", ylabel="quality Q(f)", title=title)
+    ax.legend(fontsize=7)
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    plt.close(fig)
+    return path
+
+
+def run_scenario(params: Params, scenario: PlanScenario) -> dict[str, Any]:
+    """Optimise one scenario; write its front, plot and plan; returns its summary."""
+    import pandas as pd
+
+    from exitplan.catalog import load_catalog
+    from exitplan.planner.baselines import baselines
+    from exitplan.planner.build import problem_from
+    from exitplan.planner.mobo import optimise
+    from exitplan.planner.problem import best_under, pareto
+    from exitplan.planner.search import exhaustive
+
+    section = params.plan
+    started = time.perf_counter()
+    routing = router(params, scenario)
+    catalog = load_catalog(params.path(params.catalog))
+    prices = {g: catalog.gpu(g).price_per_hour for g in scenario.gpus}
+    problem = problem_from(params_db(params), prices, scenario.gpus, scenario.models, routing["quality"],
+                           scenario.load_qps, scenario.budget_per_hour, section.metric, section.budget_points,
+                           scenario.max_p95_s)
+    mobo = optimise(problem, section.evaluations, section.initial, section.batch, section.seed, beta=section.beta,
+                    max_latency=scenario.max_p95_s, min_quality=scenario.min_quality or None)
+    truth = exhaustive(problem, section.fraction_steps)
+    cap = scenario.max_p95_s or float("inf")
+    marks = baselines(problem, scenario.min_quality, cap, section.fraction_steps)
+    chosen = best_under(mobo.plans, cap, scenario.min_quality)
+    if chosen is None:
+        raise ExitplanError(f"plan {scenario.name}: {binding_constraint(truth, scenario)}")
+    out = params.path(section.output_dir) / scenario.name
+    rows = [{"source": "mobo", "order": i, **vars(p)} for i, p in enumerate(mobo.plans)]
+    rows += [{"source": "exhaustive-front", "order": i, **vars(p)} for i, p in enumerate(pareto(truth))]
+    rows += [{"source": name, "order": 0, **vars(p)} for name, p in marks.items() if p is not None]
+    frame = pd.DataFrame(rows)
+    frame["fractions"] = frame["fractions"].map(list)
+    frame["choice"] = frame["choice"].map(list)
+    write_parquet(out / "front.parquet", frame)
+    plan = describe(problem, chosen, routing["window"], params)
+    plan.update(scenario=scenario.name, slo={"max_p95_s": scenario.max_p95_s, "min_quality": scenario.min_quality},
+                baselines={k: (None if p is None else {"p95_s": p.latency, "quality": p.quality, "cost": p.cost})
+                           for k, p in marks.items()},
+                quality_curve={"f_large": routing["grid"][:, -1].tolist(), "router": routing["values"].tolist(),
+                               "oracle": routing["oracle"].tolist(), "random": routing["random"].tolist()},
+                mobo_seconds=mobo.seconds, evaluations=len(mobo.plans), seconds=time.perf_counter() - started)
+    write_json(out / "plan.json", plan)
+    reports = params.path("reports") / STAGE / scenario.name
+    png = plot_front(reports / "front.png", f"{scenario.name}: {scenario.load_qps} req/s, "
+                     f"${scenario.budget_per_hour}/h", mobo.plans, truth, marks, chosen)
+    return {"name": scenario.name, "plan": plan, "plan_path": out / "plan.json", "png": png,
+            "front": out / "front.parquet"}
+
+
+def main(params: Params) -> dict[str, Any]:
+    """Every scenario (an optional one without labels is skipped with what to supply); the first is registered."""
+    results, skipped = [], {}
+    for scenario in params.plan.scenarios:
+        try:
+            results.append(run_scenario(params, scenario))
+        except ExitplanError as exc:
+            if scenario.required or "no quality labels" not in str(exc):
+                raise
+            skipped[scenario.name] = str(exc)
+    first = results[0]
+    metrics = {f"{r['name']}.{k}": r["plan"][k] for r in results
+               for k in ("predicted_p95_s", "predicted_quality", "cost_per_hour", "mobo_seconds")}
+    report = write_json(params.path("reports") / STAGE / "metrics.json", {**metrics, "skipped": skipped})
+    version = register_plan(params.tracking, params.root, STAGE, first["plan_path"], params.plan.registered_model,
+                            params.plan.model_dump(), metrics, [report, first["png"], first["front"]])
+    return {"plans": {r["name"]: r["plan"] for r in results}, "skipped": skipped, "version": version}
