@@ -8,7 +8,7 @@ the complementarity of the two models, and the agreement of low-confidence early
 pass per model serves every head kind.
 
 Usage:
-    python benchmarks/exit_heads.py --quick   # 1 sequence of 128 tokens per data set per model (~1.5 min)
+    python benchmarks/exit_heads.py --quick   # 1 sequence of 64 tokens per data set per model (~1.5 min)
     python benchmarks/exit_heads.py           # the stage's depth (params: exit_profile.chunks_per_dataset)
 
 Last line: ``RESULT depth85=... earliest_exit_share=... complementarity=... low_conf_agreement=...`` (depth85: the
@@ -77,8 +77,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     params = load_params(REPO_ROOT / "params.yaml")
+    quick = {"chunks_per_dataset": 1, "chunk_tokens": 64} if args.quick else {}
     section = params.exit_profile.model_copy(update={"head_kinds": KINDS, "thresholds": [0.5, THRESHOLD, 0.9],
-                                                     **({"chunks_per_dataset": 1} if args.quick else {})})
+                                                     **quick})
     params = params.model_copy(update={"exit_profile": section})
     for name in section.models:
         if not (params.path(params.train_exits.output_dir) / name / INDEX).is_file():
