@@ -1,0 +1,112 @@
+"""BOUTE's co-optimiser on the default scenario: MOBO vs the exhaustive front, random search and the baselines.
+
+The problem is the ``plan`` stage's first scenario (the real Qwen pair: perf DB of simulated GPUs, quality labels
+measured by running the models, the router trained on them). The true front is the exhaustive search over the
+candidate set (fractions on a 1/20 grid x every candidate per model). MOBO (BOUTE's kernel, qLogNEHVI) and random
+search get the same budget of evaluations; the hypervolume (log latency x quality) of their fronts is reported as a
+share of the true one, with the evaluations each needs to reach 95% of it. The SLO for the P95 comparison is the
+quality that routing half the load to the large model gives.
+
+Usage:
+    python benchmarks/planner.py --quick   # 40 MOBO evaluations (~1-2 min)
+    python benchmarks/planner.py           # 60 evaluations, plus MOBO without BOUTE's structure (the ablation)
+
+Needs ``make run`` (perf DB, labels). Last line:
+``RESULT hv_ratio=... seconds=... evals_vs_random=... p95_vs_routellm=... p95_vs_homo=...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np
+import torch
+
+from exitplan import REPO_ROOT
+from exitplan.catalog import load_catalog
+from exitplan.config import load_params
+from exitplan.errors import ExitplanError
+from exitplan.planner.baselines import baselines
+from exitplan.planner.build import problem_from
+from exitplan.planner.mobo import optimise
+from exitplan.planner.problem import best_under, hypervolume, pareto
+from exitplan.planner.search import exhaustive, random_search
+from exitplan.stages.plan import params_db, router
+
+
+def evals_to(plans, target: float, ref) -> int | None:
+    """Evaluations after which the front's hypervolume first reaches ``target`` (None if never)."""
+    for k in range(1, len(plans) + 1):
+        if hypervolume(plans[:k], *ref) >= target:
+            return k
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    params = load_params(REPO_ROOT / "params.yaml")
+    scenario, section = params.plan.scenarios[0], params.plan
+    try:
+        routing = router(params, scenario)
+    except ExitplanError as exc:
+        sys.exit(f"{exc} (run `make run` first)")
+    catalog = load_catalog(params.path(params.catalog))
+    prices = {g: catalog.gpu(g).price_per_hour for g in scenario.gpus}
+    problem = problem_from(params_db(params), prices, scenario.gpus, scenario.models, routing["quality"],
+                           scenario.load_qps, scenario.budget_per_hour, section.metric, section.budget_points,
+                           scenario.max_p95_s)
+    started = time.perf_counter()
+    truth = exhaustive(problem, section.fraction_steps)
+    exhaustive_s = time.perf_counter() - started
+    finite = [p for p in truth if np.isfinite(p.latency)]
+    ref = (max(p.latency for p in finite) * 1.05, min(p.quality for p in finite) - 0.005)
+    hv_true = hypervolume(truth, *ref)
+    budget = 40 if args.quick else 60
+    mobo = optimise(problem, budget, section.initial, section.batch, section.seed, beta=section.beta)
+    rand = random_search(problem, budget * 10, seed=section.seed)
+    runs = {"mobo (BOUTE kernel)": mobo.plans, "random": rand}
+    seconds = {"mobo (BOUTE kernel)": mobo.seconds}
+    if not args.quick:
+        plain = optimise(problem, budget, section.initial, section.batch, section.seed, structured=False)
+        runs["mobo (plain kernel)"] = plain.plans
+        seconds["mobo (plain kernel)"] = plain.seconds
+    print(f"scenario {scenario.name}: {scenario.load_qps} req/s, ${scenario.budget_per_hour}/h, GPUs "
+          f"{scenario.gpus}; candidates per model {[len(problem.candidates[m]) for m in problem.models]}")
+    print(f"exhaustive: {len(truth)} plans in {exhaustive_s:.1f} s, front of {len(pareto(truth))}; "
+          f"Q(f) from {routing['values'].min():.3f} to {routing['values'].max():.3f} (router, held-out)")
+    print(f"\n{'search':<22}{'evals':>7}{'HV share':>10}{'evals to 95%':>14}{'seconds':>9}")
+    to95 = {}
+    for name, plans in runs.items():
+        shown = plans[:budget]
+        to95[name] = evals_to(plans, 0.95 * hv_true, ref)
+        print(f"{name:<22}{len(shown):>7}{hypervolume(shown, *ref) / hv_true:>10.3f}"
+              f"{str(to95[name]) if to95[name] else '>' + str(len(plans)):>14}"
+              f"{seconds.get(name, float('nan')):>9.1f}")
+    half = float(np.interp(0.5, routing["grid"][:, -1], routing["values"]))
+    found = baselines(problem, half, steps=section.fraction_steps)
+    ours = best_under(mobo.plans, min_quality=half)
+    print(f"\nP95 at the SLO Q >= {half:.3f} (${scenario.budget_per_hour}/h): MOBO {ours.latency:.3f} s "
+          f"(fractions {np.round(ours.fractions, 2).tolist()}, ${ours.cost:.2f}/h)")
+    for name, plan in found.items():
+        print(f"  {name:<40}" + ("cannot meet it" if plan is None else
+                                 f"{plan.latency:.3f} s  ratio {ours.latency / plan.latency:.2f}"))
+    hv_ratio = hypervolume(mobo.plans, *ref) / hv_true
+    rand95 = to95["random"] or len(rand)
+    mobo95 = to95["mobo (BOUTE kernel)"] or budget
+    routellm, homo = found["routellm-uniform"], found["homogeneous"]
+    p95_r = ours.latency / routellm.latency if routellm else float("nan")
+    p95_h = ours.latency / homo.latency if homo else float("nan")
+    print(f"RESULT hv_ratio={hv_ratio:.3f} seconds={mobo.seconds:.1f} evals_vs_random={rand95 / mobo95:.2f} "
+          f"p95_vs_routellm={p95_r:.3f} p95_vs_homo={p95_h:.3f}")
+
+
+if __name__ == "__main__":
+    main()
