@@ -8,14 +8,14 @@ Systems (all in this repo's engine, on this CPU):
   - ``transformers generate`` at batch 8 vs ``full`` capped at batch 8 (is this engine's full depth slower?).
 
 Prompts: held-out ShareGPT / GSM8K / HumanEval queries (chat template), capped; greedy decoding. Memory budget for
-every system: the large candidate's full-depth weights + KV for 8 sequences of the prompt set's mean reserved length
-(prompt + output cap). The per-token baseline also holds every exit head; it gets their bytes on top (noted).
+every system: the (largest) candidate's full-depth weights + KV for 8 sequences of the prompt set's mean reserved
+length (prompt + output cap). The per-token baseline runs at batch 1, so it serves the first 8 prompts only. The per-token baseline also holds every exit head; it gets their bytes on top (noted).
 Quality: perplexity of each system's outputs scored by the full large model, and ROUGE-2 and token agreement against
 the full-depth outputs of the same model.
 
 Usage:
-    python benchmarks/helios.py --quick   # 6 prompts x 16 tokens, only the small candidate in HELIOS
-    python benchmarks/helios.py           # 16 prompts x 48 tokens, both candidates
+    python benchmarks/helios.py --quick   # 24 prompts x 16 tokens, the small candidate alone, its budget
+    python benchmarks/helios.py           # 48 prompts x 32 tokens, both candidates, the large one's budget
 
 Last line: ``RESULT throughput_vs_single_ee=... batch_vs_full=... ppl_delta_rel=...`` (against the baselines on the
 model HELIOS served most tokens with).
@@ -171,7 +171,9 @@ def agreement(a: list[Request], b: list[Request]) -> tuple[float, float]:
 
     scorer = rouge_scorer.RougeScorer(["rouge2"])
     rouge, agree = [], []
-    for x, y in zip(a, b, strict=True):
+    reference = {r.request_id: r for r in b}
+    for x in a:
+        y = reference[x.request_id]
         rouge.append(scorer.score(" ".join(map(str, y.output)), " ".join(map(str, x.output)))["rouge2"].fmeasure)
         n = max(len(x.output), len(y.output))
         agree.append(sum(p == q for p, q in zip(x.output, y.output, strict=False)) / n)
@@ -193,18 +195,19 @@ def main() -> None:
         if not (c.exits_dir / INDEX).is_file():
             sys.exit(f"no exit checkpoint for {c.name}: run `make run` first")
     small, large = cands[0], cands[-1]
-    count, new_tokens, max_prompt = (6, 16, 96) if args.quick else (16, 48, 192)
+    count, new_tokens, max_prompt = (24, 16, 64) if args.quick else (48, 32, 128)
     tokenizer = AutoTokenizer.from_pretrained(str(small.checkpoint))
     batch = prompts(params, tokenizer, count, max_prompt)
     stop = frozenset({tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id})
     mean = sum(len(p) for p in batch) / len(batch) + new_tokens
-    budget = budget_for(large, mean)
+    helios_cands = [small] if args.quick else cands
+    budget = budget_for(helios_cands[-1], mean)
     print(f"{count} prompts (mean {mean - new_tokens:.0f} tokens) x {new_tokens} new tokens; memory budget "
-          f"{budget / 2**30:.2f} GiB = {large.name.split('/')[-1]} full weights + KV for 8 x {mean:.0f} tokens")
+          f"{budget / 2**30:.2f} GiB = {helios_cands[-1].name.split('/')[-1]} full weights + KV for 8 x {mean:.0f} "
+          f"tokens")
     base = dict(memory_budget_bytes=budget, block_size=h.block_size, threshold=h.threshold,
                 confidence=h.confidence, cbc_window=h.cbc_window, cbc_max=h.cbc_max,
                 profile_requests=min(h.profile_requests, max(count // 3, 1)), reprofile_every=h.reprofile_every)
-    helios_cands = [small] if args.quick else cands
     outcomes = [run_engine("helios", helios_cands, EngineConfig(**base), batch, new_tokens, stop)]
     gc.collect()
     served = max({r.model for r in outcomes[0].requests},
@@ -213,7 +216,8 @@ def main() -> None:
     for c in dict.fromkeys([same, *([] if args.quick else cands)]):
         outcomes.append(run_engine("full", [c], EngineConfig(**base, mode="full"), batch, new_tokens, stop))
         gc.collect()
-        outcomes.append(run_per_token(c, budget, h.threshold, batch, new_tokens, stop))
+        # batch 1: its throughput does not depend on how many requests it serves, so it gets the first 8
+        outcomes.append(run_per_token(c, budget, h.threshold, batch[:8], new_tokens, stop))
         gc.collect()
     capped = run_engine("full@8", [small], EngineConfig(**base, mode="full", max_num_seqs=8), batch[:8], new_tokens,
                         stop)
