@@ -65,3 +65,20 @@ def test_baselines_meet_the_floor_and_never_beat_the_full_search(problem) -> Non
     homo = found["homogeneous"]
     assert len({g.gpu for m, c in zip(problem.models, homo.choice, strict=True)
                 for g in problem.candidates[m][c].groups}) == 1
+
+
+def test_an_infeasible_slo_names_the_binding_constraint(problem) -> None:
+    from exitplan.config import PlanScenario
+    from exitplan.stages.plan import binding_constraint
+
+    truth = exhaustive(problem, steps=10)
+    best_q = max(p.quality for p in truth)
+    floor = PlanScenario(name="x", models=["a", "b"], gpus={"big": 1}, budget_per_hour=20, load_qps=12,
+                         min_quality=best_q + 0.05)
+    assert "quality floor binds" in binding_constraint(truth, floor) and f"{best_q:.3f}" in binding_constraint(
+        truth, floor)
+    cap = PlanScenario(name="x", models=["a", "b"], gpus={"big": 1}, budget_per_hour=20, load_qps=12,
+                       min_quality=0.5, max_p95_s=1e-4)
+    fastest = best_under(truth, min_quality=0.5)
+    message = binding_constraint(truth, cap)
+    assert "latency cap binds" in message and f"{fastest.latency:.3f} s" in message
