@@ -90,7 +90,8 @@ def main() -> None:
         print(f"{name:<22}{len(shown):>7}{hypervolume(shown, *ref) / hv_true:>10.3f}"
               f"{str(to95[name]) if to95[name] else '>' + str(len(plans)):>14}"
               f"{seconds.get(name, float('nan')):>9.1f}")
-    half = float(np.interp(0.5, routing["grid"][:, -1], routing["values"]))
+    order = np.argsort(routing["grid"][:, -1])
+    half = float(np.interp(0.5, routing["grid"][order, -1], routing["values"][order]))
     found = baselines(problem, half, steps=section.fraction_steps)
     ours = best_under(mobo.plans, min_quality=half)
     print(f"\nP95 at the SLO Q >= {half:.3f} (${scenario.budget_per_hour}/h): MOBO {ours.latency:.3f} s "

@@ -420,10 +420,10 @@ class LabelQualityParams(StrictModel):
     max_reference_tokens: int = Field(default=64, ge=1)
     """Reference tokens scored."""
 
-    gsm8k_generate: int = Field(default=16, ge=0)
+    gsm8k_generate: int = Field(default=12, ge=0)
     """GSM8K queries also answered by generation and labelled by exact match (0: reference score only)."""
 
-    max_new_tokens: int = Field(default=192, ge=1)
+    max_new_tokens: int = Field(default=320, ge=1)
     """Generation limit for the GSM8K answers."""
 
     batch_size: int = Field(default=8, ge=1)

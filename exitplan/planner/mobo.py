@@ -119,6 +119,20 @@ def _targets(plans: list[Plan], worst_latency: float) -> np.ndarray:
     return np.stack([-np.log(lat), np.log(q / (1 - q))], axis=1)
 
 
+def _corners(problem: PlanProblem) -> list[np.ndarray]:
+    """Structural prior: all load on one model with its fastest (dearest) candidate - one point per model."""
+    points = []
+    k = len(problem.models)
+    for i in range(k):
+        theta = np.ones(problem.dim)
+        for d in range(k - 1):  # stick-breaking: u_d = 0 stops the load at model d
+            theta[d] = 0.0 if d == i else 1.0
+        for j, m in enumerate(problem.models):
+            theta[problem.deployment_dims[j]] = 1.0 - 0.5 / len(problem.candidates[m])
+        points.append(theta)
+    return points
+
+
 def _any_feasible(problem: PlanProblem) -> bool:
     """Whether some plan is feasible (all load on one model, its cheapest candidate, is the easiest)."""
     k = len(problem.models)
@@ -187,7 +201,8 @@ def optimise(problem: PlanProblem, evaluations: int = 40, initial: int = 8, q: i
             result.plans.append(plan)
             result.history_s.append(time.perf_counter() - started)
 
-    for theta in SobolEngine(problem.dim, scramble=True, seed=seed).draw(initial).double().numpy():
+    for theta in [*_corners(problem), *SobolEngine(problem.dim, scramble=True, seed=seed).draw(initial).double()
+                  .numpy()][:max(initial, len(problem.models))]:
         run(theta)
     for _ in range(50 * initial):  # top up the design where most of the cube is infeasible
         if len(result.plans) >= min(initial, 2):
