@@ -11,7 +11,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 
 from exitplan.pipeline import ReproResult
-from tasks.pipeline import check_config, repro_stage
+from tasks.pipeline import check_config, repro_stage, summarize
 
 STAGES = ("fetch_models", "prepare_workload", "build_perf_db", "train_exits", "exit_profile", "profile_device",
           "select_candidates", "label_quality", "plan")
@@ -26,15 +26,7 @@ def plan_fleet(params_path: str = "params.yaml", stages: list[str] | None = None
     logger = get_run_logger()
     for result in results:
         logger.info("%s: %s", result.target, ", ".join(result.ran) or "up to date")
-    print(f"""
-exitplan plan_fleet finished. Outputs:
-  model checkpoints  {params.path(params.fetch_models.checkpoint_dir)}
-  workloads          {params.path(params.prepare_workload.output_dir)} (queries.parquet, trace_*.parquet)
-  perf DB            {params.path(params.build_perf_db.output_dir)} (perf_db.parquet; plots: reports/build_perf_db/plots)
-  exit heads         {params.path(params.train_exits.output_dir)} (agreement vs depth: reports/train_exits/)
-  metrics            reports/  (`dvc metrics show`, `dvc plots show`)
-  runs               MLflow: `mlflow ui --backend-store-uri sqlite:///{params.root / 'mlflow.db'}`
-""")
+    print(summarize(params))
     return results
 
 

@@ -20,3 +20,11 @@ def check_config(params_path: Path) -> Params:
 def repro_stage(target: str, root: Path) -> ReproResult:
     """``dvc repro <target>``: runs the stage only if DVC finds it stale."""
     return repro(target, root)
+
+
+@task(name="summarize")
+def summarize(params: Params) -> str:
+    """Where the outputs are, and the promoted plan (printed at the end of the flow)."""
+    from exitplan.summary import outputs
+
+    return outputs(params)

@@ -1,0 +1,42 @@
+"""What ``make run`` prints at the end: where the outputs are, and the promoted plan."""
+
+from __future__ import annotations
+
+import json
+
+from exitplan.config import Params
+
+
+def promoted_plan(params: Params) -> str:
+    """The first plan scenario's chosen plan in a few lines (or why there is none yet)."""
+    scenario = params.plan.scenarios[0]
+    path = params.path(params.plan.output_dir) / scenario.name / "plan.json"
+    if not path.is_file():
+        return f"  no plan yet ({path} is missing: run the plan stage)"
+    plan = json.loads(path.read_text())
+    head = (f"  promoted plan '{scenario.name}' (MLflow model {params.plan.registered_model}, alias challenger): "
+            f"P95 {plan['predicted_p95_s']:.3f} s, quality {plan['predicted_quality']:.3f}, "
+            f"${plan['cost_per_hour']:.2f}/h of ${plan['budget_per_hour']}/h at {plan['load_qps']} req/s")
+    lines = [head]
+    for m in plan["models"]:
+        groups = ", ".join(f"{g['dp']} x {g['gpu']} (tp={g['tp']}, pp={g['pp']})" for g in m["groups"]) or "-"
+        lines.append(f"    {m['model']}: {m['fraction']:.0%} of the load -> {groups}")
+    lines.append(f"  Pareto plot: reports/plan/{scenario.name}/front.png; plan: {path}")
+    return "\n".join(lines)
+
+
+def outputs(params: Params) -> str:
+    """Where every output of the pipeline is."""
+    return f"""exitplan plan_fleet finished. Outputs:
+  model checkpoints  {params.path(params.fetch_models.checkpoint_dir)}
+  workloads          {params.path(params.prepare_workload.output_dir)} (queries.parquet, trace_*.parquet)
+  perf DB            {params.path(params.build_perf_db.output_dir)} (perf_db.parquet; plots: reports/build_perf_db/plots)
+  exit heads         {params.path(params.train_exits.output_dir)} (agreement vs depth: reports/train_exits/)
+  exit profile       {params.path(params.exit_profile.output_dir)} (tables and plots: reports/exit_profile/)
+  device profile     {params.path(params.profile_device.output_dir)} (device.yaml: the simulator's entry for this machine)
+  HELIOS candidates  {params.path(params.select_candidates.output)}
+  quality labels     {params.path(params.label_quality.output_dir)}
+  plans              {params.path(params.plan.output_dir)}
+  metrics            reports/  (`dvc metrics show`, `dvc plots show`)
+  runs               MLflow: `mlflow ui --backend-store-uri sqlite:///{params.root / 'mlflow.db'}`
+{promoted_plan(params)}"""
