@@ -18,17 +18,14 @@ that reaches the best depth85 (block on ties), over all workloads).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import torch
+from common import start  # benchmarks/ is the script's folder, so on sys.path
 
-from exitplan import REPO_ROOT
-from exitplan.config import load_params
 from exitplan.earlyexit.checkpoint import INDEX
 from exitplan.stages.exit_profile import observe, trace_models
 
@@ -72,11 +69,7 @@ def print_workloads(observations: list[dict], pairs: list[dict]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    params = load_params(REPO_ROOT / "params.yaml")
+    args, params = start(__doc__)
     quick = {"chunks_per_dataset": 1, "chunk_tokens": 64} if args.quick else {}
     section = params.exit_profile.model_copy(update={"head_kinds": KINDS, "thresholds": [0.5, THRESHOLD, 0.9],
                                                      **quick})

@@ -23,7 +23,6 @@ model HELIOS served most tokens with).
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import sys
@@ -33,9 +32,8 @@ from dataclasses import dataclass
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
+from common import start  # benchmarks/ is the script's folder, so on sys.path
 
-from exitplan import REPO_ROOT
-from exitplan.config import load_params
 from exitplan.earlyexit.checkpoint import INDEX
 from exitplan.workload.split import split_queries
 from serving.engine.engine import Engine, EngineConfig
@@ -183,11 +181,7 @@ def agreement(a: list[Request], b: list[Request]) -> tuple[float, float]:
 def main() -> None:
     from transformers import AutoTokenizer
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    params = load_params(REPO_ROOT / "params.yaml")
+    args, params = start(__doc__)
     h = params.helios
     exits = params.path(params.train_exits.output_dir)
     cands = [Candidate(m, params.checkpoint_path(m), exits / m, h.head_kind) for m in h.candidates]

@@ -17,7 +17,6 @@ Needs ``make run`` (perf DB, labels). Last line:
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -25,11 +24,9 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
-import torch
+from common import start  # benchmarks/ is the script's folder, so on sys.path
 
-from exitplan import REPO_ROOT
 from exitplan.catalog import load_catalog
-from exitplan.config import load_params
 from exitplan.errors import ExitplanError
 from exitplan.planner.baselines import baselines
 from exitplan.planner.build import problem_from
@@ -48,11 +45,7 @@ def evals_to(plans, target: float, ref) -> int | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    params = load_params(REPO_ROOT / "params.yaml")
+    args, params = start(__doc__)
     scenario, section = params.plan.scenarios[0], params.plan
     try:
         routing = router(params, scenario)

@@ -46,8 +46,8 @@ def time_10k(repeats: int) -> tuple[float, dict]:
 
 def time_perf_db() -> tuple[float, int]:
     """Seconds to build the default perf DB of params.yaml (needs prepare_workload's trace)."""
-    from exitplan.stages.build_perf_db import _lengths
     from exitplan.simulator.perf_db import build_perf_db
+    from exitplan.stages.build_perf_db import _lengths
 
     params = load_params(REPO_ROOT / "params.yaml")
     section = params.build_perf_db

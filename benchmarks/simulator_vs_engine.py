@@ -16,7 +16,6 @@ Needs ``make run`` (checkpoints, exit heads, the device profile). Last line:
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -24,10 +23,9 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
-import torch
+from common import start  # benchmarks/ is the script's folder, so on sys.path
 
-from exitplan import REPO_ROOT
-from exitplan.config import EngineParams, load_params
+from exitplan.config import EngineParams
 from exitplan.errors import ExitplanError
 from exitplan.simulator.cost_model import ReplicaSpec
 from exitplan.simulator.replica import ReplicaSimulator, RequestSet
@@ -88,12 +86,7 @@ def sim_metrics(params, candidate: Candidate, layers: int | None, config: Engine
 def main() -> None:
     from transformers import AutoTokenizer
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--qps", type=float, default=0.6)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    params = load_params(REPO_ROOT / "params.yaml")
+    args, params = start(__doc__, {"--qps": {"type": float, "default": 0.6}})
     name = params.helios.candidates[0]
     exits = params.path(params.train_exits.output_dir) / name
     candidate = Candidate(name, params.checkpoint_path(name), exits, params.helios.head_kind)

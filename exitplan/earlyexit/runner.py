@@ -139,9 +139,10 @@ class PagedRunner:
         out = torch.empty_like(q)
         for index, work in zip(rows, works, strict=True):
             mine = positions[index]
-            self.pool.write(slot, self.pool.slots(list(work.blocks), 0, int(mine[-1]) + 1)[mine], k[index], v[index])
             context = int(mine[-1]) + 1
-            keys, values = self.pool.read(slot, self.pool.slots(list(work.blocks), 0, context))
+            table = self.pool.slots(list(work.blocks), 0, context)  # slot of every position of the context
+            self.pool.write(slot, table[mine], k[index], v[index])
+            keys, values = self.pool.read(slot, table)
             mask = None
             if len(index) > 1 or context != int(mine[0]) + 1:
                 mask = torch.arange(context)[None, :] <= mine[:, None]

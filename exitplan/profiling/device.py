@@ -128,9 +128,8 @@ def fit_device(rows: Sequence[dict[str, Any]], models: dict[str, Model], device_
     def residual(x: np.ndarray) -> np.ndarray:
         flops, bandwidth, step, seq = np.exp(x)
         device = device_entry(device_id, flops, bandwidth, memory_gib, price_per_hour, "fit")
-        pred = np.concatenate([predict([r for r in rows if r["model"] == m], models[m], device, step, seq)
-                               for m in dict.fromkeys(r["model"] for r in rows)])
-        return np.log(pred) - np.log(measured[_order(rows)])
+        pred = np.concatenate([predict([r], models[r["model"]], device, step, seq) for r in rows])
+        return np.log(pred) - np.log(measured)
 
     start = np.log([5e10, 1e10, 1e-3, 1e-3])
     fit = least_squares(residual, start, bounds=(np.log([1e8, 1e8, 1e-6, 1e-7]), np.log([1e15, 1e13, 1.0, 1.0])))
@@ -142,8 +141,3 @@ def fit_device(rows: Sequence[dict[str, Any]], models: dict[str, Model], device_
     return device, float(step), float(seq), {"median_rel_err": float(np.median(errors)),
                                               "max_rel_err": float(errors.max())}
 
-
-def _order(rows: Sequence[dict[str, Any]]) -> np.ndarray:
-    """Row indices grouped by model in first-seen order (the order residuals are computed in)."""
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    return np.asarray([i for m in models for i, r in enumerate(rows) if r["model"] == m])

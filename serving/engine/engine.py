@@ -34,7 +34,7 @@ from exitplan.errors import ExitplanError
 from exitplan.profiling.cbc import BreachCounter
 from exitplan.profiling.pht import PerformanceHistoryTable, PHTEntry, options
 from serving.engine.request import Request
-from serving.engine.served import Candidate, ServedModel
+from serving.engine.served import Candidate, ServedModel, num_layers
 from serving.engine.telemetry import Event, StepRecord, Telemetry
 
 
@@ -310,10 +310,9 @@ class Engine:
 
     def _serve(self, name: str, exit_layer: int | None) -> float:
         """Serve ``name`` exiting after ``exit_layer`` (``None``: full depth); returns the seconds loading took."""
-        if getattr(self, "served", None) is not None:
-            self.served = None  # free the old model and pool before reading the new one
+        self.served = None  # free the old model and pool before reading the new one
         candidate = self.candidates[name]
-        total = self._num_layers(candidate)
+        total = num_layers(candidate.checkpoint)
         served, seconds = ServedModel.open(candidate, exit_layer or total)
         self.served = served
         if served.weight_bytes() >= self.config.memory_budget_bytes:
@@ -321,12 +320,6 @@ class Engine:
                                 f"of weights: over the {self.config.memory_budget_bytes / 2**20:.0f} MiB budget")
         served.build_pool(self._kv_bytes(served), self.config.block_size)
         return seconds
-
-    @staticmethod
-    def _num_layers(candidate: Candidate) -> int:
-        from transformers import AutoConfig
-
-        return int(AutoConfig.from_pretrained(str(candidate.checkpoint)).num_hidden_layers)
 
     def _rehome(self) -> None:
         """Give the running requests blocks in the (new) pool; those that do not fit wait again, first in line.
@@ -418,7 +411,7 @@ class Engine:
                                            {"seconds": seconds, "layers": len(layers)}))
 
     def _switch(self, name: str, exit_layer: int, detail: dict) -> None:
-        seconds = self._serve(name, exit_layer if exit_layer < self._num_layers(self.candidates[name]) else None)
+        seconds = self._serve(name, exit_layer if exit_layer < num_layers(self.candidates[name].checkpoint) else None)
         self._rehome()
         self.telemetry.events.append(Event(self.now(), "switch", name, detail | {"load_seconds": seconds,
                                                                                  "exit_layer": exit_layer}))

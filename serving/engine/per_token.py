@@ -18,7 +18,7 @@ from exitplan.earlyexit.heads import BlockHead
 from exitplan.earlyexit.runner import Work
 from exitplan.errors import ExitplanError
 from serving.engine.request import Request
-from serving.engine.served import Candidate, ServedModel
+from serving.engine.served import Candidate, ServedModel, num_layers
 from serving.engine.telemetry import StepRecord, Telemetry
 
 
@@ -47,7 +47,7 @@ class PerTokenEngine:
         from exitplan.earlyexit.checkpoint import read_heads
 
         self.threshold, self.confidence, self.budget = threshold, confidence, memory_budget_bytes
-        self.served, _ = ServedModel.open(candidate, ServedModel.open(candidate, 1, exits=[])[0].num_layers, exits=[])
+        self.served, _ = ServedModel.open(candidate, num_layers(candidate.checkpoint), exits=[])
         if candidate.exits_dir is not None:
             self.served.heads = read_heads(self.served.model, candidate.exits_dir, candidate.head_kind)[1]
         kv_bytes = memory_budget_bytes - self.served.weight_bytes()

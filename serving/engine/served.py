@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from torch import nn
@@ -29,6 +30,14 @@ class Candidate:
     checkpoint: Path
     exits_dir: Path | None = None
     head_kind: str = "block"
+
+
+@cache
+def num_layers(checkpoint: Path) -> int:
+    """Decoder layers of the model at ``checkpoint`` (from its config; read once per process)."""
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(str(checkpoint)).num_hidden_layers)
 
 
 class ServedModel:
