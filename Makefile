@@ -18,6 +18,7 @@ export DVC_NO_ANALYTICS := 1
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
+export GX_ANALYTICS_ENABLED := false
 export TOKENIZERS_PARALLELISM := false
 export PREFECT_HOME ?= $(CURDIR)/.cache/prefect
 # The CPU build of torch lies on this machine's disk (/opt/wheels); a plain index install would pull CUDA.
@@ -37,6 +38,8 @@ run: venv
 	mkdir -p $(PREFECT_HOME)
 	$(BIN)/exitplan check-config
 	$(BIN)/python -m flows.plan_fleet
+	# re-profiling once, on the gate's HELIOS telemetry (held-out prompts served from the PHT): the drift tests
+	$(BIN)/python -m flows.reprofile_fleet reports/gates/telemetry.parquet
 
 test: venv
 	mkdir -p $(PREFECT_HOME)

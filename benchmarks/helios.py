@@ -35,6 +35,7 @@ import torch
 from common import start  # benchmarks/ is the script's folder, so on sys.path
 
 from exitplan.earlyexit.checkpoint import INDEX
+from exitplan.quality import load_scorer, perplexity, rouge2
 from exitplan.workload.split import split_queries
 from serving.engine.engine import Engine, EngineConfig
 from serving.engine.per_token import PerTokenEngine
@@ -145,37 +146,19 @@ def run_generate(candidate: Candidate, batch, new_tokens, stop) -> tuple[float, 
     return seconds, tokens
 
 
-@torch.no_grad()
 def score(large: Candidate, outcomes: list[Outcome]) -> dict[str, float]:
     """Perplexity of each system's outputs under the full large model."""
-    from exitplan.earlyexit.partial_model import EarlyExitLM
-
-    model = EarlyExitLM.from_pretrained(large.checkpoint)
-    result = {}
-    for o in outcomes:
-        nll, count = 0.0, 0
-        for r in o.requests:
-            ids = torch.tensor([r.prompt + r.output])
-            logits = model.model(input_ids=ids).logits[0, len(r.prompt) - 1:-1].float()
-            nll += float(torch.nn.functional.cross_entropy(logits, torch.tensor(r.output), reduction="sum"))
-            count += len(r.output)
-        result[f"{o.system}|{o.model}"] = float(torch.tensor(nll / count).exp())
-    return result
+    model = load_scorer(large.checkpoint)
+    return {f"{o.system}|{o.model}": perplexity(model, [(r.prompt, r.output) for r in o.requests]) for o in outcomes}
 
 
 def agreement(a: list[Request], b: list[Request]) -> tuple[float, float]:
     """Mean ROUGE-2 F1 (over token ids as words) and positional token agreement of two runs of the same prompts."""
-    from rouge_score import rouge_scorer
-
-    scorer = rouge_scorer.RougeScorer(["rouge2"])
-    rouge, agree = [], []
     reference = {r.request_id: r for r in b}
-    for x in a:
-        y = reference[x.request_id]
-        rouge.append(scorer.score(" ".join(map(str, y.output)), " ".join(map(str, x.output)))["rouge2"].fmeasure)
-        n = max(len(x.output), len(y.output))
-        agree.append(sum(p == q for p, q in zip(x.output, y.output, strict=False)) / n)
-    return sum(rouge) / len(rouge), sum(agree) / len(agree)
+    pairs = [(x, reference[x.request_id]) for x in a]
+    agree = [sum(p == q for p, q in zip(x.output, y.output, strict=False)) / max(len(x.output), len(y.output))
+             for x, y in pairs]
+    return rouge2([x.output for x, _ in pairs], [y.output for _, y in pairs]), sum(agree) / len(agree)
 
 
 def main() -> None:

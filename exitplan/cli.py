@@ -227,6 +227,73 @@ def stage_plan(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
         console.print(f"registered as version {result['version']} (alias challenger)")
 
 
+@app.command("promote")
+def promote(
+    params: ParamsOption = Path(DEFAULT_PARAMS),
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would change; change nothing.")] = False,
+) -> None:
+    """Move the MLflow alias ``champion`` to the ``challenger`` plan if its gate report passed (else exit 2 with
+    every failed expectation; the champion stays)."""
+    from exitplan.promotion import promote as run_promotion
+
+    result = run_promotion(_params(params), dry_run=dry_run)
+    console.print(f"challenger v{result.challenger}; champion before: "
+                  f"{'v' + result.champion_before if result.champion_before else 'none'}")
+    for line in result.changes:
+        console.print(("(dry run) " if dry_run else "") + line)
+    for failure in result.failures:
+        console.print(f"  - {failure}", highlight=False)
+
+
+@app.command("rollback")
+def rollback(
+    params: ParamsOption = Path(DEFAULT_PARAMS),
+    to: Annotated[str | None, typer.Option(help="Version to make champion (default: the one promoted before).")] = None,
+) -> None:
+    """Point ``champion`` back at an earlier plan version."""
+    from exitplan.promotion import rollback as run_rollback
+
+    result = run_rollback(_params(params), to)
+    console.print(result.changes[0])
+
+
+@app.command("deploy")
+def deploy(
+    params: ParamsOption = Path(DEFAULT_PARAMS),
+    render_only: Annotated[bool, typer.Option("--render-only", help="Write the launch files; start nothing.")] = False,
+    keep: Annotated[bool, typer.Option("--keep", help="Leave the local fleet running (Ctrl-C stops it).")] = False,
+) -> None:
+    """Render the champion plan as vLLM launch files per GPU host; start a local fleet (engine servers for the plan
+    models that run here + the coordinator, on loopback), wait for health, send a smoke request."""
+    import os
+    import time
+
+    from exitplan.deploy import render_champion, smoke, start_local
+
+    loaded = _params(params)
+    rendered = render_champion(loaded)
+    table = Table("model", "host", "GPUs", "weight", "vllm serve ...", title=f"champion v{rendered.version}")
+    for r in rendered.replicas:
+        table.add_row(r.model, r.host, ",".join(map(str, r.devices)), f"{r.weight:.2f}", " ".join(r.args[3:]))
+    console.print(table)
+    console.print(f"launch files: {', '.join(str(f) for f in rendered.files)}")
+    if render_only:
+        return
+    out = loaded.path(loaded.deploy.output_dir)
+    fleet = start_local(loaded, rendered.plan, rendered.router, out)
+    try:
+        answer = smoke(fleet.coordinator_url, loaded.deploy.fleet_name, os.environ.get(loaded.deploy.api_key_env))
+        console.print(f"coordinator {fleet.coordinator_url}; replicas {fleet.replica_urls}")
+        console.print(f"smoke request: served by {answer['served_by']} in {answer['seconds']:.2f} s: "
+                      f"{answer['text']!r}")
+        while keep:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        fleet.stop()
+
+
 def main() -> None:
     """Console-script entry point: run the app, turning an :class:`ExitplanError` into a message and exit 2."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

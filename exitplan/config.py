@@ -558,6 +558,150 @@ class HeliosParams(StrictModel):
         return self
 
 
+class OnlineProfileParams(StrictModel):
+    """Stage ``online_profile``: HELIOS's online profiling of the candidates on a request sample, into the PHT.
+
+    The sample is the telemetry snapshot's requests when one exists (written by ``reprofile_fleet`` on drift), else
+    held-out prompts of the workload (the embedded default).
+    """
+
+    requests: int = Field(default=16, ge=2)
+    """Held-out prompts served when there is no telemetry snapshot (cycling over the workload's data sets)."""
+
+    max_prompt_tokens: int = Field(default=96, ge=8)
+    """Prompt tokens kept (chat template applied first; the prompt's end is kept)."""
+
+    max_new_tokens: int = Field(default=24, ge=1)
+    """Tokens generated per request."""
+
+    reference_telemetry: str = "data/helios/reference_telemetry.parquet"
+    """Per-request telemetry of the profiling run: the reference that re-profiling compares live traffic with."""
+
+
+class GatesParams(StrictModel):
+    """Stage ``gate`` and promotion: the plan is promoted only if its data and its served quality pass."""
+
+    tolerance_rel: float = Field(default=0.01, ge=0)
+    """Largest relative perplexity increase of HELIOS's outputs over full-depth outputs, and over the champion's
+    (HELIOS reports +0.01 absolute)."""
+
+    min_rouge2: float = Field(default=0.5, ge=0, le=1)
+    """Smallest mean ROUGE-2 F1 of HELIOS's outputs against full-depth outputs of the same prompts."""
+
+    em_tolerance: float = Field(default=0.25, ge=0, le=1)
+    """Largest drop of GSM8K exact match under HELIOS against the full-depth labels of the same questions (with the
+    default 4 questions: one answer may differ)."""
+
+    requests: int = Field(default=8, ge=2)
+    """Held-out prompts served per plan model: the ones after ``online_profile``'s in the same round-robin order
+    over the data sets, so the two samples are disjoint."""
+
+    memory_budget_gib: float = Field(default=8.0, gt=0)
+    """Engine memory budget of the gate's runs. With one model per engine the PHT's exit depth does not depend on
+    it (only the batch does), so it can be below ``helios.memory_budget_gib``; it must hold the largest model."""
+
+    max_prompt_tokens: int = Field(default=96, ge=8)
+    """Prompt tokens kept."""
+
+    max_new_tokens: int = Field(default=24, ge=1)
+    """Tokens generated per prompt."""
+
+    gsm8k_queries: int = Field(default=4, ge=0)
+    """Labelled GSM8K questions answered under HELIOS per plan model (0: no exact-match gate)."""
+
+    gsm8k_max_new_tokens: int = Field(default=320, ge=1)
+    """Generation limit of those answers (as ``label_quality.max_new_tokens``)."""
+
+    min_trace_rows: int = Field(default=10, ge=1)
+    """Fewest requests a workload trace may hold."""
+
+    min_perf_db_rows: int = Field(default=10, ge=1)
+    """Fewest perf-DB rows."""
+
+    min_label_rows: int = Field(default=4, ge=1)
+    """Fewest quality labels."""
+
+    output_dir: str = "reports/gates"
+    """Folder of ``gate.json`` (every expectation and its result) and the quality gate's engine telemetry."""
+
+
+class ReprofileParams(StrictModel):
+    """Flow ``reprofile_fleet``: drift of live traffic against the profiled reference, and the re-plan it triggers."""
+
+    telemetry: str = "data/telemetry/live-*.parquet"
+    """Per-request telemetry the serving engines persist (a glob joins every engine's file; the local fleet writes
+    ``live-<port>.parquet``), or a running engine's ``/telemetry`` URL."""
+
+    snapshot: str = "data/telemetry/snapshot/requests.parquet"
+    """Where a drifted window is written: a DVC dependency of ``online_profile``, so a re-plan is DVC's decision."""
+
+    window: int = Field(default=200, ge=4)
+    """Most recent requests of the telemetry compared with the reference."""
+
+    min_requests: int = Field(default=8, ge=2)
+    """Fewer requests than this in the window: no test is run (too little evidence)."""
+
+    alpha: float = Field(default=0.01, gt=0, lt=1)
+    """Significance level of each test (chi-square on exit layers, Mann-Whitney on breach rates, KS on
+    confidences)."""
+
+    min_effect: float = Field(default=0.05, ge=0)
+    """Smallest effect that counts as drift besides significance: total-variation distance of the exit-layer
+    distributions, or shift of the mean breach rate or mean confidence."""
+
+    interval_minutes: int = Field(default=60, ge=1)
+    """Schedule of the deployed flow (prefect.yaml)."""
+
+
+class DeployParams(StrictModel):
+    """``exitplan deploy`` / flow ``deploy_fleet``: the champion plan as vLLM launch files, and a local fleet."""
+
+    output_dir: str = "data/deploy"
+    """Folder of the rendered launch files (one shell script per GPU host), ``replicas.json`` and ``fleet.json``."""
+
+    fleet_name: str = Field(default="exitplan", min_length=1)
+    """Model name clients send to the coordinator to be routed (a plan model's name pins it)."""
+
+    host: str = "127.0.0.1"
+    """Address the local servers bind (loopback by default)."""
+
+    coordinator_port: int = Field(default=8000, ge=1, le=65535)
+    """Port of the coordinator."""
+
+    base_port: int = Field(default=8100, ge=1, le=65535)
+    """First port of the replicas (vLLM's on GPU hosts, ours locally); one port per replica from there."""
+
+    local_replicas_per_model: int = Field(default=1, ge=1)
+    """Engine servers started here per plan model that runs here (the plan's weights are renormalised over them)."""
+
+    local_kv_gib: float = Field(default=1.0, gt=0)
+    """KV memory of each local engine server beyond its model's weights (GiB)."""
+
+    max_context: int = Field(default=2048, ge=16)
+    """Prompt + generation tokens a request may reserve on a local engine server."""
+
+    max_queue: int = Field(default=64, ge=1)
+    """Requests that may wait in a local engine server before it answers 429."""
+
+    max_in_flight: int = Field(default=256, ge=1)
+    """Requests in flight at the coordinator before it answers 429."""
+
+    request_timeout_s: float = Field(default=120.0, gt=0)
+    """Per-request time limit at the engine servers and per attempt at the coordinator."""
+
+    cooldown_s: float = Field(default=5.0, gt=0)
+    """How long the coordinator keeps a failed replica out of rotation."""
+
+    routing_window: int = Field(default=512, ge=8)
+    """Recent routing scores the coordinator re-cuts thresholds from."""
+
+    startup_timeout_s: float = Field(default=300.0, gt=0)
+    """How long to wait for the local servers' ``/health``."""
+
+    api_key_env: str = "EXITPLAN_API_KEY"
+    """Environment variable holding the API key the servers require (unset: no key)."""
+
+
 class Params(StrictModel):
     """The whole ``params.yaml``."""
 
@@ -599,6 +743,18 @@ class Params(StrictModel):
 
     plan: PlanParams
     """Stage ``plan``."""
+
+    online_profile: OnlineProfileParams = Field(default_factory=OnlineProfileParams)
+    """Stage ``online_profile``."""
+
+    gates: GatesParams = Field(default_factory=GatesParams)
+    """Stage ``gate`` and promotion."""
+
+    reprofile: ReprofileParams = Field(default_factory=ReprofileParams)
+    """Flow ``reprofile_fleet``."""
+
+    deploy: DeployParams = Field(default_factory=DeployParams)
+    """Deployment of the champion plan."""
 
     _root: Path = PrivateAttr(default_factory=Path.cwd)
 

@@ -47,3 +47,16 @@ class PipelineError(ExitplanError):
 
 class SimulationError(ExitplanError):
     """A simulation cannot run as asked: the model does not fit, TP does not divide the heads, QPS <= 0, ..."""
+
+
+class GateFailed(ExitplanError):
+    """A challenger plan failed its promotion gates; the champion was left as it was.
+
+    Attributes:
+        failures: One line per failed expectation (suite, expectation, what was observed).
+    """
+
+    def __init__(self, what: str, failures: list[str]) -> None:
+        self.failures = failures
+        lines = "\n".join(f"  - {f}" for f in failures)
+        super().__init__(f"{what}: {len(failures)} failed expectation(s); the champion is unchanged\n{lines}")

@@ -7,14 +7,30 @@ import json
 from exitplan.config import Params
 
 
+def _champion(params: Params) -> tuple[str, dict] | None:
+    """The champion's version and plan, from the MLflow registry (None: no champion yet)."""
+    from exitplan import tracking
+
+    if not params.tracking.enabled:
+        return None
+    name = params.plan.registered_model
+    found = tracking.alias_version(params.tracking, params.root, name, "champion")
+    if found is None:
+        return None
+    return found["version"], json.loads(tracking.plan_artifact(params.tracking, params.root, name, found["version"]))
+
+
 def promoted_plan(params: Params) -> str:
-    """The first plan scenario's chosen plan in a few lines (or why there is none yet)."""
+    """The champion plan in a few lines (or why there is none yet)."""
     scenario = params.plan.scenarios[0]
     path = params.path(params.plan.output_dir) / scenario.name / "plan.json"
-    if not path.is_file():
-        return f"  no plan yet ({path} is missing: run the plan stage)"
-    plan = json.loads(path.read_text())
-    head = (f"  promoted plan '{scenario.name}' (MLflow model {params.plan.registered_model}, alias challenger): "
+    champion = _champion(params)
+    if champion is None:
+        return (f"  no champion plan yet: the challenger ({path}) is promoted once its gates pass "
+                f"(report: {params.path(params.gates.output_dir) / 'gate.json'})")
+    version, plan = champion
+    head = (f"  promoted plan '{scenario.name}' (MLflow model {params.plan.registered_model} v{version}, "
+            f"alias champion): "
             f"P95 {plan['predicted_p95_s']:.3f} s, quality {plan['predicted_quality']:.3f}, "
             f"${plan['cost_per_hour']:.2f}/h of ${plan['budget_per_hour']}/h at {plan['load_qps']} req/s")
     lines = [head]
@@ -37,6 +53,8 @@ def outputs(params: Params) -> str:
   HELIOS candidates  {params.path(params.select_candidates.output)}
   quality labels     {params.path(params.label_quality.output_dir)}
   plans              {params.path(params.plan.output_dir)}
+  HELIOS PHT         {params.path(params.helios.pht_path)} (online profile: reports/online_profile/)
+  gate report        {params.path(params.gates.output_dir) / 'gate.json'} (`exitplan promote --dry-run`)
   metrics            reports/  (`dvc metrics show`, `dvc plots show`)
   runs               MLflow: `mlflow ui --backend-store-uri sqlite:///{params.root / 'mlflow.db'}`
 {promoted_plan(params)}"""

@@ -79,11 +79,12 @@ def log_stage_run(stage: str, settings: TrackingParams, root: Path, params: Mapp
 
 def register_plan(settings: TrackingParams, root: Path, stage: str, plan_path: Path, model_name: str,
                   params: Mapping[str, Any], metrics: Mapping[str, Any], artifacts: Iterable[Path] = (),
-                  alias: str = "challenger") -> str | None:
+                  alias: str = "challenger", router_path: Path | None = None) -> str | None:
     """Record a plan run and register the plan as a version of ``model_name`` with ``alias`` (never a stage).
 
     The registered model is a pyfunc whose ``predict`` routes queries: given a frame with a ``score`` column (the
-    router's score), it returns the model each query goes to, by the plan's thresholds.
+    router's score), it returns the model each query goes to, by the plan's thresholds. The routing model that
+    scores queries (``router_path``), when given, travels with it as an artifact.
 
     Returns:
         The model version, or None when tracking is disabled.
@@ -117,8 +118,58 @@ def register_plan(settings: TrackingParams, root: Path, stage: str, plan_path: P
         mlflow.log_metrics(_numeric(metrics))
         for path in artifacts:
             mlflow.log_artifact(str(path))
-        info = mlflow.pyfunc.log_model(name="plan", python_model=PlanRouter(), artifacts={"plan": str(plan_path)},
-                                       pip_requirements=["pandas", "numpy"])
+        files = {"plan": str(plan_path), **({"router": str(router_path)} if router_path else {})}
+        info = mlflow.pyfunc.log_model(name="plan", python_model=PlanRouter(), artifacts=files,
+                                       pip_requirements=["pandas", "numpy", "scikit-learn"])
     version = mlflow.register_model(info.model_uri, model_name)
     mlflow.MlflowClient().set_registered_model_alias(model_name, alias, version.version)
     return str(version.version)
+
+
+def _client(settings: TrackingParams, root: Path) -> Any:
+    import mlflow
+
+    return mlflow.MlflowClient(tracking_uri=tracking_uri(settings, root))
+
+
+def alias_version(settings: TrackingParams, root: Path, model_name: str, alias: str) -> dict[str, Any] | None:
+    """The version ``alias`` points at (``version``, ``run_id``, ``tags``), or None when unset or no such model."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        version = _client(settings, root).get_model_version_by_alias(model_name, alias)
+    except MlflowException:
+        return None
+    return {"version": str(version.version), "run_id": version.run_id, "tags": dict(version.tags)}
+
+
+def versions(settings: TrackingParams, root: Path, model_name: str) -> list[dict[str, Any]]:
+    """Every version of ``model_name`` (``version``, ``tags``, ``aliases``), oldest first."""
+    found = _client(settings, root).search_model_versions(f"name = '{model_name}'")
+    return sorted(({"version": str(v.version), "tags": dict(v.tags), "aliases": list(v.aliases)} for v in found),
+                  key=lambda v: int(v["version"]))
+
+
+def plan_artifact(settings: TrackingParams, root: Path, model_name: str, version: str,
+                  suffix: str = ".json") -> bytes:
+    """The plan JSON a model version was registered with (``suffix=".pkl"``: its routing model)."""
+    import tempfile
+
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri(settings, root))
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{model_name}/{version}", dst_path=tmp))
+        found = sorted(p for p in local.rglob(f"*{suffix}") if p.parent.name == "artifacts")
+        if not found:
+            raise FileNotFoundError(f"model version {model_name}/{version} holds no plan artifact")
+        return found[0].read_bytes()
+
+
+def set_alias(settings: TrackingParams, root: Path, model_name: str, alias: str, version: str,
+              tags: Mapping[str, str] | None = None) -> None:
+    """Record ``tags`` on the version, then point ``alias`` at it."""
+    client = _client(settings, root)
+    for key, value in (tags or {}).items():
+        client.set_model_version_tag(model_name, version, key, str(value)[:MAX_PARAM_CHARS])
+    client.set_registered_model_alias(model_name, alias, version)

@@ -1,7 +1,9 @@
 """Flow ``plan_fleet``: the planning pipeline, stage by stage through DVC.
 
-Now: validate params -> fetch the embedded models -> prepare the workloads -> build the perf DB (simulation) ->
-train exit heads. Later issues append profiling, co-optimisation, gates and promotion.
+Validate params -> fetch the embedded models -> prepare the workloads -> build the perf DB (simulation) -> train
+exit heads -> exit profile -> device profile -> candidate selection -> quality labels -> co-optimised plan (MLflow
+alias ``challenger``) -> HELIOS online profiling (the PHT) -> gates -> promotion (alias ``champion``). Each stage runs
+only if DVC finds it stale, so a re-run after a failure does only what is missing.
 """
 
 from __future__ import annotations
@@ -12,20 +14,24 @@ from prefect import flow, get_run_logger
 
 from exitplan.pipeline import ReproResult
 from tasks.pipeline import check_config, repro_stage, summarize
+from tasks.reprofile import promote_plan
 
 STAGES = ("fetch_models", "prepare_workload", "build_perf_db", "train_exits", "exit_profile", "profile_device",
-          "select_candidates", "label_quality", "plan")
+          "select_candidates", "label_quality", "plan", "online_profile", "gate")
 """The file-to-file stages of dvc.yaml, in order."""
 
 
 @flow(name="plan_fleet", log_prints=True)
 def plan_fleet(params_path: str = "params.yaml", stages: list[str] | None = None) -> list[ReproResult]:
-    """Run the pipeline's stages through ``dvc repro`` (each only if stale) and report where outputs are."""
+    """Run the pipeline's stages through ``dvc repro`` (each only if stale), promote the plan if its gates passed
+    (raises, naming every failed expectation, if not), and report where outputs are."""
     params = check_config(Path(params_path))
     results = [repro_stage(stage, params.root) for stage in (stages or STAGES)]
     logger = get_run_logger()
     for result in results:
         logger.info("%s: %s", result.target, ", ".join(result.ran) or "up to date")
+    if "gate" in [r.target for r in results] and params.tracking.enabled:
+        logger.info("promotion: %s", promote_plan(params))
     print(summarize(params))
     return results
 

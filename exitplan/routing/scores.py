@@ -16,23 +16,40 @@ from typing import Any
 import numpy as np
 
 
+class Embedder:
+    """A sentence embedder held in memory: mean-pooled, L2-normalised embeddings (MiniLM's recipe).
+
+    Args:
+        checkpoint: The embedder's checkpoint folder.
+        max_tokens: Tokens kept per text.
+    """
+
+    def __init__(self, checkpoint: Path, max_tokens: int = 256) -> None:
+        from transformers import AutoModel, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+        self.model = AutoModel.from_pretrained(str(checkpoint)).eval()
+        self.max_tokens = max_tokens
+
+    def __call__(self, texts: Sequence[str], batch_size: int = 16) -> np.ndarray:
+        """Embeddings of ``texts``, ``n x d``."""
+        import torch
+
+        out = []
+        with torch.no_grad():
+            for start in range(0, len(texts), batch_size):
+                batch = self.tokenizer(list(texts[start:start + batch_size]), padding=True, truncation=True,
+                                       max_length=self.max_tokens, return_tensors="pt")
+                hidden = self.model(**batch).last_hidden_state
+                mask = batch["attention_mask"][..., None].float()
+                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                out.append(torch.nn.functional.normalize(pooled, dim=-1).numpy())
+        return np.concatenate(out)
+
+
 def embed(checkpoint: Path, texts: Sequence[str], batch_size: int = 16, max_tokens: int = 256) -> np.ndarray:
     """Mean-pooled, L2-normalised sentence embeddings (MiniLM's recipe) of ``texts``; ``n x d``."""
-    import torch
-    from transformers import AutoModel, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
-    model = AutoModel.from_pretrained(str(checkpoint)).eval()
-    out = []
-    with torch.no_grad():
-        for start in range(0, len(texts), batch_size):
-            batch = tokenizer(list(texts[start:start + batch_size]), padding=True, truncation=True,
-                              max_length=max_tokens, return_tensors="pt")
-            hidden = model(**batch).last_hidden_state
-            mask = batch["attention_mask"][..., None].float()
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            out.append(torch.nn.functional.normalize(pooled, dim=-1).numpy())
-    return np.concatenate(out)
+    return Embedder(checkpoint, max_tokens)(texts, batch_size)
 
 
 class EmbeddingScorer:

@@ -14,6 +14,8 @@ from exitplan.errors import ExitplanError
 from exitplan.tracking import register_plan
 
 STAGE = "plan"
+ROUTER = "router.pkl"
+"""File name of a scenario's routing model, beside its plan."""
 
 
 def router(params: Params, scenario: PlanScenario) -> dict[str, Any]:
@@ -46,7 +48,7 @@ def router(params: Params, scenario: PlanScenario) -> dict[str, Any]:
     oracle = quality_curve(q[held][:, -1] - q[held][:, 0], q[held], grid)
     random = quality_curve(np.random.default_rng(section.seed).normal(size=len(held)), q[held], grid)
     return {"quality": quality, "grid": grid, "values": values, "oracle": oracle, "random": random,
-            "window": scorer.score(vectors), "held_out": len(held), "train": len(train)}
+            "window": scorer.score(vectors), "held_out": len(held), "train": len(train), "scorer": scorer}
 
 
 def binding_constraint(truth: list, scenario: PlanScenario) -> str:
@@ -174,11 +176,22 @@ def run_scenario(params: Params, scenario: PlanScenario) -> dict[str, Any]:
                                "oracle": routing["oracle"].tolist(), "random": routing["random"].tolist()},
                 mobo_seconds=mobo.seconds, evaluations=len(mobo.plans), seconds=time.perf_counter() - started)
     write_json(out / "plan.json", plan)
+    save_router(out / ROUTER, section.embedder, scenario.models, routing["scorer"], routing["window"])
     reports = params.path("reports") / STAGE / scenario.name
     png = plot_front(reports / "front.png", f"{scenario.name}: {scenario.load_qps} req/s, "
                      f"${scenario.budget_per_hour}/h", mobo.plans, truth, marks, chosen)
     return {"name": scenario.name, "plan": plan, "plan_path": out / "plan.json", "png": png,
-            "front": out / "front.parquet"}
+            "front": out / "front.parquet", "router": out / ROUTER}
+
+
+def save_router(path: Path, embedder: str, models: list[str], scorer: Any, window: np.ndarray) -> Path:
+    """Persist the routing model the plan's thresholds belong to: the embedder's name, the ridge scorer, the
+    models it orders and the score window the thresholds were cut from (pickle, atomically)."""
+    import pickle
+
+    blob = pickle.dumps({"embedder": embedder, "models": list(models), "scorer": scorer,
+                         "window": np.asarray(window, float)})
+    return write_atomic(path, lambda tmp: Path(tmp).write_bytes(blob))
 
 
 def main(params: Params) -> dict[str, Any]:
@@ -196,5 +209,6 @@ def main(params: Params) -> dict[str, Any]:
                for k in ("predicted_p95_s", "predicted_quality", "cost_per_hour", "mobo_seconds")}
     report = write_json(params.path("reports") / STAGE / "metrics.json", {**metrics, "skipped": skipped})
     version = register_plan(params.tracking, params.root, STAGE, first["plan_path"], params.plan.registered_model,
-                            params.plan.model_dump(), metrics, [report, first["png"], first["front"]])
+                            params.plan.model_dump(), metrics, [report, first["png"], first["front"]],
+                            router_path=first["router"])
     return {"plans": {r["name"]: r["plan"] for r in results}, "skipped": skipped, "version": version}

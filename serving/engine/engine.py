@@ -19,6 +19,7 @@ reservation (prompt + generation limit) fits in free blocks.
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from collections import deque
@@ -311,6 +312,7 @@ class Engine:
     def _serve(self, name: str, exit_layer: int | None) -> float:
         """Serve ``name`` exiting after ``exit_layer`` (``None``: full depth); returns the seconds loading took."""
         self.served = None  # free the old model and pool before reading the new one
+        gc.collect()
         candidate = self.candidates[name]
         total = num_layers(candidate.checkpoint)
         served, seconds = ServedModel.open(candidate, exit_layer or total)
@@ -429,6 +431,7 @@ class Engine:
         name = self._to_profile.pop(0)
         candidate = self.candidates[name]
         self.served = None
+        gc.collect()
         served, base_s = ServedModel.open(candidate, 1, exits=[])
         started = time.perf_counter()
         served.model.attach_layers(served.model.read_layers(served.num_layers))
@@ -474,8 +477,9 @@ class Engine:
         self.pht.update(entry)
         self.telemetry.events.append(Event(self.now(), "profile", served.name, {"entry": dict(vars(entry))}))
         self._profile = None
+        del served  # the next candidate is read only after this one's weights and pool are freed
         if self.running:  # requests still running stay on this model (now served at full depth)
-            served.heads = {}
+            self.served.heads = {}
             return
         if self._to_profile and (self.waiting or self.running):
             self._profile_next()

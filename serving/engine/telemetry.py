@@ -79,3 +79,20 @@ class Telemetry:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return {"steps": [asdict(s) for s in self.steps], "events": [asdict(e) for e in self.events]}
+
+
+REQUEST_COLUMNS = ("request_id", "model", "finish_s", "prompt", "max_new_tokens", "output_tokens", "exit_layers",
+                   "confidences", "breaches")
+"""Columns of the per-request telemetry (what re-profiling reads; see ``exitplan.profiling.drift``)."""
+
+
+def request_rows(requests: list[Any]) -> list[dict[str, Any]]:
+    """Per-request telemetry of finished requests: prompt ids, exit layer and confidence of every generated token.
+
+    Args:
+        requests: Finished :class:`~serving.engine.request.Request` objects.
+    """
+    return [{"request_id": r.request_id, "model": r.model, "finish_s": float(r.finish_s or 0.0),
+             "prompt": list(r.prompt), "max_new_tokens": int(r.max_new_tokens), "output_tokens": len(r.output),
+             "exit_layers": list(r.exit_layers), "confidences": [float(c) for c in r.confidences],
+             "breaches": int(r.breaches)} for r in requests if r.finished]

@@ -48,7 +48,20 @@ def _small_params(repo: Path) -> dict:
          "load_qps": 1.0, "min_quality": 0.0},
         {"name": "unlabelled", "models": [SMOLLM2, "meta-llama/Llama-2-70b-hf"], "gpus": {"rtx-4090": 2},
          "budget_per_hour": 1.2, "load_qps": 4.0, "required": False}])
+    tree["online_profile"].update(requests=8, max_prompt_tokens=32, max_new_tokens=6)
+    tree["gates"].update(requests=2, max_prompt_tokens=32, max_new_tokens=6, gsm8k_queries=1, gsm8k_max_new_tokens=8,
+                         min_perf_db_rows=4)
+    tree["reprofile"].update(min_requests=4, alpha=0.05)
+    tree["deploy"].update(base_port=_free_port(), coordinator_port=_free_port(), local_kv_gib=0.5)
     return tree
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _user_labels(path: Path) -> None:
@@ -67,7 +80,10 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copy(REPO_ROOT / "dvc.yaml", repo / "dvc.yaml")
     (repo / "model_repository").mkdir()
     shutil.copy(REPO_ROOT / "model_repository" / "catalog.yaml", repo / "model_repository" / "catalog.yaml")
-    shutil.copytree(REPO_ROOT / "exitplan", repo / "exitplan", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("exitplan", "serving", "validation"):
+        shutil.copytree(REPO_ROOT / package, repo / package, ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / "data" / "telemetry" / "snapshot").mkdir(parents=True)
+    shutil.copy(REPO_ROOT / "data" / "telemetry" / "snapshot" / "README.md", repo / "data" / "telemetry" / "snapshot")
     (repo / "params.yaml").write_text(yaml.safe_dump(_small_params(repo), sort_keys=False))
     _user_labels(repo / "user_labels.csv")
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
@@ -86,7 +102,7 @@ def flow_results(repo: Path, prefect_harness: None):
 def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) -> None:
     assert [r.target for r in flow_results] == ["fetch_models", "prepare_workload", "build_perf_db", "train_exits",
                                                   "exit_profile", "profile_device", "select_candidates", "label_quality",
-                                                  "plan"]
+                                                  "plan", "online_profile", "gate"]
     assert set(flow_results[0].ran) == {f"fetch_models@{SMOLLM2}", f"fetch_models@{MINILM}"}
     assert flow_results[1].ran == ["prepare_workload"]
     assert flow_results[2].ran == ["build_perf_db"]
@@ -137,11 +153,45 @@ def test_stage_runs_are_tracked_in_mlflow(repo: Path, flow_results) -> None:
     runs = client.search_runs([experiment.experiment_id])
     by_name = {r.info.run_name: r for r in runs}
     assert set(by_name) == {f"fetch_models:{SMOLLM2}", f"fetch_models:{MINILM}", "prepare_workload",
-                            "build_perf_db", f"train_exits:{SMOLLM2}", "exit_profile", "profile_device", "select_candidates", "label_quality", "plan"}
+                            "build_perf_db", f"train_exits:{SMOLLM2}", "exit_profile", "profile_device",
+                            "select_candidates", "label_quality", "plan", "online_profile", "gate"}
     assert by_name["prepare_workload"].data.metrics["num_queries"] == 80
     assert by_name["prepare_workload"].data.params["seed"] == "0"
     version = client.get_model_version_by_alias("exitplan-plan", "challenger")
     assert version.run_id == by_name["plan"].info.run_id
+    champion = client.get_model_version_by_alias("exitplan-plan", "champion")  # the gates passed: promoted
+    assert champion.version == version.version and champion.tags["gate_passed"] == "true"
+
+
+def test_the_gate_report_covers_every_input_and_the_served_quality(repo: Path, flow_results) -> None:
+    report = json.loads((repo / "reports" / "gates" / "gate.json").read_text())
+    assert report["passed"], report
+    assert {s["suite"] for s in report["suites"]} == {"trace:small", "perf_db", "labels", "pht", "plan", "quality"}
+    (row,) = report["quality"]  # the Llama of the plan is simulated: only SmolLM2 runs here
+    assert row["model"] == SMOLLM2 and row["ppl_helios"] > 1 and row["ppl_increase_rel"] <= 0.01
+    assert (repo / "data" / "helios" / "pht.json").is_file()
+    reference = pd.read_parquet(repo / "data" / "helios" / "reference_telemetry.parquet")
+    assert len(reference) == 8 and (reference["output_tokens"] > 0).all()
+
+
+def test_reprofiling_replans_on_drifted_telemetry_only(repo: Path, flow_results, tmp_path: Path) -> None:
+    from flows.reprofile_fleet import reprofile_fleet
+
+    reference = pd.read_parquet(repo / "data" / "helios" / "reference_telemetry.parquet")
+    stable = tmp_path / "stable.parquet"
+    reference.to_parquet(stable)
+    quiet = reprofile_fleet(params_path=str(repo / "params.yaml"), telemetry=str(stable))
+    assert not quiet.drifted and quiet.repro == []
+    assert not (repo / "data" / "telemetry" / "snapshot" / "requests.parquet").exists()
+    drifted = reference.copy()
+    drifted["confidences"] = [[0.05] * len(c) for c in drifted["confidences"]]
+    path = tmp_path / "drifted.parquet"
+    drifted.to_parquet(path)
+    loud = reprofile_fleet(params_path=str(repo / "params.yaml"), telemetry=str(path))
+    assert loud.drifted and loud.repro[0].ran == ["online_profile", "gate"]
+    assert (repo / "data" / "telemetry" / "snapshot" / "requests.parquet").is_file()
+    metrics = json.loads((repo / "reports" / "online_profile" / "metrics.json").read_text())
+    assert metrics["source"].endswith("requests.parquet")
 
 
 def test_second_repro_does_nothing_and_a_param_change_reruns_only_its_stage(repo: Path, flow_results) -> None:
@@ -158,3 +208,16 @@ def test_second_repro_does_nothing_and_a_param_change_reruns_only_its_stage(repo
 def test_a_failing_stage_raises_with_dvcs_words(repo: Path) -> None:
     with pytest.raises(PipelineError, match="dvc repro no_such_stage failed"):
         repro("no_such_stage", repo)
+
+
+def test_deploying_the_champion_renders_vllm_files_and_serves_a_smoke_request(repo: Path, flow_results) -> None:
+    from flows.deploy_fleet import deploy_fleet
+
+    result = deploy_fleet(params_path=str(repo / "params.yaml"))
+    assert result["smoke"]["served_by"] == SMOLLM2 and result["smoke"]["usage"]["completion_tokens"] >= 1
+    scripts = sorted((repo / "data" / "deploy").glob("launch-*.sh"))
+    text = "".join(p.read_text() for p in scripts)
+    assert scripts and "vllm serve" in text and "--tensor-parallel-size" in text
+    replicas = json.loads((repo / "data" / "deploy" / "replicas.json").read_text())["replicas"]
+    plan = json.loads((repo / "data" / "plan" / "tiny" / "plan.json").read_text())
+    assert len(replicas) == sum(g["dp"] for m in plan["models"] if m["fraction"] > 0 for g in m["groups"])

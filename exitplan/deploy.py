@@ -1,0 +1,311 @@
+"""Deploying the champion plan: vLLM launch files for GPU hosts, and a fleet of local engine servers.
+
+:func:`render` turns a plan into replicas - one per DP rank of each group - packed onto hosts of their GPU type
+(``gpus_per_node`` from the catalog), each with its vLLM arguments (``--tensor-parallel-size``,
+``--pipeline-parallel-size``, ``--max-num-seqs``, ... the knobs the simulator assumed) and its share of its model's
+load. :func:`write_launch_files` writes one shell script per host, ``replicas.json`` and the coordinator's
+``fleet.json``. :func:`start_local` starts our engine servers for the plan models that run here and the coordinator
+(separate processes, ``python -m serving.server`` / ``python -m serving.coordinator_server``), waits for health and
+sends a smoke request. Nothing here imports the serving code: the processes are its boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from exitplan.catalog import Catalog
+from exitplan.config import EngineParams, Params
+from exitplan.errors import ExitplanError
+
+
+@dataclass
+class ReplicaLaunch:
+    """One replica of the plan.
+
+    Attributes:
+        model: Model (HF id).
+        gpu: GPU type.
+        host: Host name (``<gpu>-<n>``).
+        devices: GPU indices on the host.
+        port: Port of its OpenAI server.
+        weight: Its share of its model's load.
+        layers: Layers served (fewer than the model's: a partial early-exit replica).
+        args: The ``vllm serve`` command line.
+    """
+
+    model: str
+    gpu: str
+    host: str
+    devices: list[int]
+    port: int
+    weight: float
+    layers: int
+    args: list[str] = field(default_factory=list)
+
+
+def vllm_args(model: str, tp: int, pp: int, port: int, engine: EngineParams, layers: int | None = None,
+              num_layers: int | None = None) -> list[str]:
+    """The ``vllm serve`` command of one replica, with the engine knobs the perf DB simulated."""
+    args = ["vllm", "serve", model, "--served-model-name", model, "--host", "0.0.0.0", "--port", str(port),
+            "--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp),
+            "--max-num-seqs", str(engine.max_num_seqs), "--block-size", str(engine.block_size),
+            "--gpu-memory-utilization", str(engine.gpu_memory_utilization)]
+    if engine.max_model_len:
+        args += ["--max-model-len", str(engine.max_model_len)]
+    if engine.max_num_batched_tokens:
+        args += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
+    args += ["--enable-chunked-prefill"] if engine.enable_chunked_prefill else ["--no-enable-chunked-prefill"]
+    if layers is not None and num_layers is not None and layers < num_layers:
+        args += ["--hf-overrides", json.dumps({"num_hidden_layers": layers})]  # a partial (early-exit) replica
+    return args
+
+
+def render(plan: dict[str, Any], catalog: Catalog, engine: EngineParams, base_port: int) -> list[ReplicaLaunch]:
+    """Replicas of every deployed model of ``plan``, packed onto hosts of their GPU type.
+
+    Raises:
+        ExitplanError: when the plan names a GPU the catalog lacks, or a replica needs more GPUs than a host has.
+    """
+    replicas: list[ReplicaLaunch] = []
+    used: dict[str, list[int]] = {}  # gpu type -> GPUs used on each host so far
+    port = base_port
+    for entry in plan["models"]:
+        if not entry.get("deployed", True) or entry["fraction"] <= 0:
+            continue
+        weights = iter(entry.get("replica_weights") or [])
+        for group in entry["groups"]:
+            gpu = catalog.gpu(group["gpu"])
+            size = group["tp"] * group["pp"]
+            if size > gpu.gpus_per_node:
+                raise ExitplanError(f"{entry['model']}: tp x pp = {size} does not fit a {gpu.id} host of "
+                                    f"{gpu.gpus_per_node} GPUs")
+            for _ in range(group["dp"]):
+                hosts = used.setdefault(gpu.id, [])
+                host = next((i for i, n in enumerate(hosts) if n + size <= gpu.gpus_per_node), None)
+                if host is None:
+                    hosts.append(0)
+                    host = len(hosts) - 1
+                devices = list(range(hosts[host], hosts[host] + size))
+                hosts[host] += size
+                total = catalog.model(entry["model"]).num_layers
+                replicas.append(ReplicaLaunch(
+                    entry["model"], gpu.id, f"{gpu.id}-{host}", devices, port,
+                    float(next(weights, 1.0 / group["dp"])), group.get("layers", total),
+                    vllm_args(entry["model"], group["tp"], group["pp"], port, engine, group.get("layers"), total)))
+                port += 1
+    return replicas
+
+
+def fleet_config(plan: dict[str, Any], replicas: list[ReplicaLaunch], params: Params, router: Path | None,
+                 url_of: dict[int, str] | None = None) -> dict[str, Any]:
+    """What the coordinator needs: models (smallest first), fractions, replicas with weights, the routing model."""
+    models = [m["model"] for m in plan["models"]]
+    section = params.deploy
+    return {"fleet_name": section.fleet_name, "models": models,
+            "fractions": [m["fraction"] for m in plan["models"]], "thresholds": plan.get("thresholds", []),
+            "router": str(router) if router else None,
+            "embedder": str(params.checkpoint_path(params.plan.embedder)),
+            "replicas": [{"model": r.model, "url": (url_of or {}).get(r.port, f"http://{r.host}:{r.port}"),
+                          "weight": r.weight} for r in replicas],
+            "max_in_flight": section.max_in_flight, "request_timeout_s": section.request_timeout_s,
+            "cooldown_s": section.cooldown_s, "routing_window": section.routing_window}
+
+
+def write_launch_files(out: Path, replicas: list[ReplicaLaunch], fleet: dict[str, Any], version: str) -> list[Path]:
+    """One ``launch-<host>.sh`` per GPU host, ``replicas.json`` and ``fleet.json`` (atomically)."""
+    from exitplan.atomic import write_atomic, write_json
+
+    written = []
+    for host in sorted({r.host for r in replicas}):
+        lines = ["#!/usr/bin/env bash", f"# exitplan plan version {version}: vLLM replicas of host {host}",
+                 "# vLLM runs in its own environment (it pins its own torch); logs go to vllm-<port>.log", "set -e"]
+        for r in (r for r in replicas if r.host == host):
+            env = f"CUDA_VISIBLE_DEVICES={','.join(map(str, r.devices))}"
+            lines.append(f"{env} nohup {shlex.join(r.args)} > vllm-{r.port}.log 2>&1 &")
+        lines.append("wait")
+        path, text = out / f"launch-{host}.sh", "\n".join(lines) + "\n"
+        write_atomic(path, partial(_write_text, text=text))
+        path.chmod(0o755)
+        written.append(path)
+    written.append(write_json(out / "replicas.json", {"version": version, "replicas": [asdict(r) for r in replicas]}))
+    written.append(write_json(out / "fleet.json", fleet))
+    return written
+
+
+def _write_text(path: Path, text: str) -> None:
+    Path(path).write_text(text)
+
+
+@dataclass
+class LocalFleet:
+    """Processes started here."""
+
+    coordinator_url: str
+    processes: list[subprocess.Popen] = field(default_factory=list)
+    replica_urls: dict[str, list[str]] = field(default_factory=dict)
+
+    def stop(self) -> None:
+        """Stop every process (SIGTERM: they drain in-flight requests), then wait."""
+        for proc in reversed(self.processes):
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.processes:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+    """Poll ``url``/health until it answers 200.
+
+    Raises:
+        ExitplanError: when the process exits or the time runs out.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise ExitplanError(f"the server for {url} exited with {proc.returncode} before it was healthy")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    raise ExitplanError(f"{url} was not healthy after {timeout_s:.0f} s")
+
+
+def local_fleet(plan: dict[str, Any], local: list[str]) -> dict[str, Any]:
+    """Routing over the plan models that run here: their fractions renormalised (a model that cannot run here
+    hands its share to those that can, in the plan's proportions)."""
+    shares = {m["model"]: m["fraction"] for m in plan["models"] if m["model"] in local}
+    total = sum(shares.values())
+    if total <= 0:
+        return {"models": local, "fractions": [1.0 / len(local)] * len(local), "plan_models": list(shares)}
+    return {"models": local, "fractions": [shares[m] / total for m in local],
+            "plan_models": [m["model"] for m in plan["models"]]}
+
+
+def _checkpoint_bytes(checkpoint: Path) -> int:
+    return sum(p.stat().st_size for p in checkpoint.glob("*.safetensors"))
+
+
+def start_local(params: Params, plan: dict[str, Any], router: Path | None, out: Path) -> LocalFleet:
+    """Start engine servers for the plan models that run here and the coordinator; wait for health.
+
+    Raises:
+        ExitplanError: when no plan model runs here, or a server does not come up (the others are stopped).
+    """
+    section = params.deploy
+    python, env = sys.executable, {**os.environ, "PYTHONPATH": str(params.root)}
+    key = os.environ.get(section.api_key_env)
+    auth = ["--api-key", key] if key else []
+    local = [m["model"] for m in plan["models"] if (params.checkpoint_path(m["model"]) / "config.json").is_file()]
+    if not local:
+        raise ExitplanError("no model of the plan has a checkpoint here: nothing to start locally")
+    fleet = LocalFleet(f"http://{section.host}:{section.coordinator_port}")
+    port = section.base_port
+    replicas = []
+    try:
+        for model in local:
+            gib = _checkpoint_bytes(params.checkpoint_path(model)) / 2**30 * 1.1 + section.local_kv_gib
+            for _ in range(section.local_replicas_per_model):
+                url = f"http://{section.host}:{port}"
+                cmd = [python, "-m", "serving.server", "--model", model, "--host", section.host, "--port", str(port),
+                       "--params", str(params.root / "params.yaml"), "--memory-gib", f"{gib:.2f}",
+                       "--max-context", str(section.max_context), "--max-queue", str(section.max_queue),
+                       "--request-timeout", str(section.request_timeout_s), *auth,
+                       "--telemetry", str(params.path(params.reprofile.telemetry).parent / f"live-{port}.parquet")]
+                fleet.processes.append(subprocess.Popen(cmd, cwd=params.root, env=env))
+                wait_healthy(url, section.startup_timeout_s, fleet.processes[-1])
+                fleet.replica_urls.setdefault(model, []).append(url)
+                replicas.append(ReplicaLaunch(model, "local", section.host, [], port,
+                                              1.0 / section.local_replicas_per_model, 0))
+                port += 1
+        config = fleet_config(plan, replicas, params, router, {r.port: f"http://{section.host}:{r.port}"
+                                                              for r in replicas})
+        config.update(local_fleet(plan, local))
+        from exitplan.atomic import write_json
+
+        fleet_path = write_json(out / "fleet-local.json", config)
+        cmd = [python, "-m", "serving.coordinator_server", "--fleet", str(fleet_path), "--host", section.host,
+               "--port", str(section.coordinator_port), *auth]
+        fleet.processes.append(subprocess.Popen(cmd, cwd=params.root, env=env))
+        wait_healthy(fleet.coordinator_url, section.startup_timeout_s, fleet.processes[-1])
+    except BaseException:
+        fleet.stop()
+        raise
+    return fleet
+
+
+def smoke(url: str, model: str, api_key: str | None = None) -> dict[str, Any]:
+    """One completion through ``url`` (the coordinator): the answer, the model that served it, the seconds."""
+    body = json.dumps({"model": model, "prompt": "What is 2 + 3? Answer:", "max_tokens": 8}).encode()
+    headers = {"content-type": "application/json", **({"authorization": f"Bearer {api_key}"} if api_key else {})}
+    started = time.perf_counter()
+    request = urllib.request.Request(f"{url}/v1/completions", body, headers)
+    with urllib.request.urlopen(request, timeout=300) as reply:
+        answer = json.loads(reply.read())
+        served_by = reply.headers.get("x-exitplan-model", "")
+    return {"text": answer["choices"][0]["text"], "served_by": served_by, "seconds": time.perf_counter() - started,
+            "usage": answer.get("usage", {})}
+
+
+@dataclass
+class Rendered:
+    """The champion, rendered.
+
+    Attributes:
+        version: Champion version.
+        plan: Its plan.
+        router: Its routing model, written beside the launch files.
+        replicas: Its replicas.
+        files: Files written.
+    """
+
+    version: str
+    plan: dict[str, Any]
+    router: Path | None
+    replicas: list[ReplicaLaunch]
+    files: list[Path]
+
+
+def render_champion(params: Params) -> Rendered:
+    """Read the ``champion`` plan (and its routing model) from the registry and write its launch files.
+
+    Raises:
+        ExitplanError: when there is no champion (promote one first).
+    """
+    from exitplan import tracking
+    from exitplan.atomic import write_atomic
+    from exitplan.catalog import load_catalog
+
+    name = params.plan.registered_model
+    champion = tracking.alias_version(params.tracking, params.root, name, "champion")
+    if champion is None:
+        raise ExitplanError(f"{name} has no 'champion': promote a plan first (`exitplan promote`)")
+    version = champion["version"]
+    plan = json.loads(tracking.plan_artifact(params.tracking, params.root, name, version))
+    out = params.path(params.deploy.output_dir)
+    router: Path | None = None
+    try:
+        blob = tracking.plan_artifact(params.tracking, params.root, name, version, suffix=".pkl")
+        router = write_atomic(out / "router.pkl", lambda tmp: Path(tmp).write_bytes(blob))
+    except FileNotFoundError:
+        router = None  # a plan registered before routing models travelled with plans
+    catalog = load_catalog(params.path(params.catalog))
+    replicas = render(plan, catalog, params.simulator.engine, params.deploy.base_port)
+    files = write_launch_files(out, replicas, fleet_config(plan, replicas, params, router), version)
+    return Rendered(version, plan, router, replicas, files)

@@ -1,0 +1,150 @@
+"""Promotion: the gated move of the MLflow alias ``champion`` to the ``challenger`` plan, and rollback.
+
+A challenger is promoted only if the gate report (``validation.gate``) is for exactly its plan (same SHA-256), every
+expectation in it held, and its served perplexity is within ``gates.tolerance_rel`` of the champion's for every
+model both serve. The promoted version records the gate results, the DVC hashes of its inputs and the git commit.
+Any failure raises :class:`~exitplan.errors.GateFailed` before the alias is touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from exitplan import tracking
+from exitplan.config import Params
+from exitplan.errors import ExitplanError, GateFailed
+
+CHAMPION, CHALLENGER = "champion", "challenger"
+LINEAGE_STAGES = ("plan", "online_profile", "gate")
+"""Stages whose dependency hashes (from ``dvc.lock``) are recorded on a promoted version."""
+
+
+@dataclass
+class Promotion:
+    """What a promotion did (or, dry, would do).
+
+    Attributes:
+        challenger: Version the challenger alias points at.
+        champion_before: Champion before (None: there was none).
+        champion_after: Champion after.
+        failures: Failed expectations (empty when promoted).
+        dry_run: Nothing was changed.
+        changes: What changed (or would change), in words.
+    """
+
+    challenger: str
+    champion_before: str | None
+    champion_after: str | None
+    failures: list[str] = field(default_factory=list)
+    dry_run: bool = False
+    changes: list[str] = field(default_factory=list)
+
+
+def gate_report(params: Params) -> dict[str, Any]:
+    """The gate stage's report.
+
+    Raises:
+        ExitplanError: when the gate has not run.
+    """
+    path = params.path(params.gates.output_dir) / "gate.json"
+    if not path.is_file():
+        raise ExitplanError(f"no gate report at {path}: run `dvc repro gate` first")
+    return json.loads(path.read_text())
+
+
+def champion_failures(report: dict[str, Any], champion: dict[str, Any] | None, tolerance: float) -> list[str]:
+    """Models whose served perplexity rose more than ``tolerance`` (relative) over the champion's."""
+    if champion is None or "gate_quality" not in champion["tags"]:
+        return []
+    before = {row["model"]: row for row in json.loads(champion["tags"]["gate_quality"])}
+    failures = []
+    for row in report["quality"]:
+        old = before.get(row["model"])
+        if old is not None and row["ppl_helios"] > old["ppl_helios"] * (1 + tolerance):
+            failures.append(f"vs champion v{champion['version']}: {row['model']} perplexity {row['ppl_helios']:.4f} "
+                            f"> {old['ppl_helios']:.4f} x (1 + {tolerance})")
+    return failures
+
+
+def lineage(params: Params) -> dict[str, str]:
+    """The git commit and the DVC hashes of the plan's inputs (from ``dvc.lock``)."""
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=params.root, capture_output=True, text=True,
+                            check=False).stdout.strip() or "unknown"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=params.root,
+                           capture_output=True, text=True, check=False).stdout.strip()
+    lock_path = params.root / "dvc.lock"
+    lock = yaml.safe_load(lock_path.read_text()) if lock_path.is_file() else {}
+    deps = {f"{stage}:{d['path']}": d.get("md5", "") for stage in LINEAGE_STAGES
+            for d in lock.get("stages", {}).get(stage, {}).get("deps", [])}
+    return {"git_commit": commit + ("-dirty" if dirty else ""), "dvc_inputs": json.dumps(deps, sort_keys=True),
+            "dvc_lock_sha256": hashlib.sha256(lock_path.read_bytes()).hexdigest() if lock_path.is_file() else ""}
+
+
+def promote(params: Params, dry_run: bool = False) -> Promotion:
+    """Gate the challenger and, if it passes, point ``champion`` at it.
+
+    Raises:
+        GateFailed: on any failed expectation (not in a dry run, which reports them instead).
+        ExitplanError: when there is no challenger or no gate report.
+    """
+    settings, name = params.tracking, params.plan.registered_model
+    challenger = tracking.alias_version(settings, params.root, name, CHALLENGER)
+    if challenger is None:
+        raise ExitplanError(f"no '{CHALLENGER}' version of {name}: run the plan stage first")
+    champion = tracking.alias_version(settings, params.root, name, CHAMPION)
+    report = gate_report(params)
+    failures = [f"{s['suite']}: {f}" for s in report["suites"] for f in s["failures"]]
+    registered = hashlib.sha256(tracking.plan_artifact(settings, params.root, name, challenger["version"])).hexdigest()
+    if registered != report["plan_sha256"]:
+        failures.insert(0, f"the gate report is for plan {report['plan_sha256'][:12]}, the challenger "
+                           f"v{challenger['version']} is plan {registered[:12]}: run `dvc repro gate`")
+    failures += champion_failures(report, champion, params.gates.tolerance_rel)
+    before = champion["version"] if champion else None
+    result = Promotion(challenger["version"], before, before, failures, dry_run)
+    if failures:
+        if dry_run:
+            result.changes.append(f"would refuse v{challenger['version']}: {len(failures)} failed expectation(s)")
+            return result
+        raise GateFailed(f"challenger v{challenger['version']} of {name}", failures)
+    if before == challenger["version"]:
+        result.changes.append(f"v{before} is already the champion")
+        return result
+    result.champion_after = challenger["version"]
+    result.changes.append(f"champion: {'v' + before if before else 'none'} -> v{challenger['version']}")
+    if not dry_run:
+        tags = {"gate_passed": "true", "gate_quality": json.dumps(report["quality"]),
+                "gate_suites": json.dumps([{k: s[k] for k in ("suite", "success", "evaluated")}
+                                           for s in report["suites"]]),
+                "promoted_at": f"{time.time():.3f}", **lineage(params)}
+        tracking.set_alias(settings, params.root, name, CHAMPION, challenger["version"], tags)
+    return result
+
+
+def rollback(params: Params, to: str | None = None) -> Promotion:
+    """Point ``champion`` back at ``to`` or, by default, at the version promoted before the current champion.
+
+    Raises:
+        ExitplanError: when there is no champion, no earlier promoted version, or ``to`` does not exist.
+    """
+    settings, name = params.tracking, params.plan.registered_model
+    champion = tracking.alias_version(settings, params.root, name, CHAMPION)
+    if champion is None:
+        raise ExitplanError(f"{name} has no '{CHAMPION}' to roll back")
+    known = tracking.versions(settings, params.root, name)
+    if to is None:
+        earlier = [v for v in known if "promoted_at" in v["tags"] and v["version"] != champion["version"]
+                   and float(v["tags"]["promoted_at"]) < float(champion["tags"].get("promoted_at", "inf"))]
+        if not earlier:
+            raise ExitplanError(f"no version of {name} was promoted before v{champion['version']}")
+        to = max(earlier, key=lambda v: float(v["tags"]["promoted_at"]))["version"]
+    elif to not in {v["version"] for v in known}:
+        raise ExitplanError(f"{name} has no version {to} (versions: {[v['version'] for v in known]})")
+    tracking.set_alias(settings, params.root, name, CHAMPION, to, {"rolled_back_to_at": f"{time.time():.3f}"})
+    return Promotion(champion["version"], champion["version"], to, changes=[f"champion: v{champion['version']} -> v{to}"])

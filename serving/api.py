@@ -1,0 +1,253 @@
+"""The OpenAI-compatible API of one engine server (FastAPI), served by the HELIOS engine through its worker.
+
+``/v1/completions`` and ``/v1/chat/completions`` (streamed as server-sent events or not), ``/v1/models``,
+``/health``, ``/metrics`` (Prometheus) and ``/telemetry`` (per-request exit layers and confidences, what
+``reprofile_fleet`` reads). Every malformed request gets a 4xx in OpenAI's error format: bad JSON or fields (400),
+a wrong API key (401), an unknown model (404), a prompt over the context (400); a full queue gets 429 with
+``Retry-After``, a draining server 503, a request over its time limit 504.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi import Request as HttpRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from serving.engine.request import Request
+from serving.openai_schema import ChatRequest, CompletionRequest, completion, error_body, new_id
+from serving.worker import EngineWorker, QueueFull, ShuttingDown
+
+
+@dataclass
+class ServerSettings:
+    """Knobs of one engine server.
+
+    Attributes:
+        model: The model id clients name.
+        max_context: Prompt + generation tokens a request may reserve.
+        request_timeout_s: A request still unfinished after this is cancelled (504).
+        api_key: Bearer token required when set.
+        retry_after_s: ``Retry-After`` of a 429.
+    """
+
+    model: str
+    max_context: int
+    request_timeout_s: float = 120.0
+    api_key: str | None = None
+    retry_after_s: int = 1
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's format."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.code, self.headers = status, message, kind, code, headers
+
+
+def error_response(exc: ApiError) -> JSONResponse:
+    """The JSON response of an :class:`ApiError`."""
+    return JSONResponse(error_body(exc.message, exc.kind, exc.code), status_code=exc.status, headers=exc.headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error in OpenAI's format; validation errors are 400 with the field named (never a 5xx)."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: HttpRequest, exc: ApiError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: HttpRequest, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in exc.errors())
+        return JSONResponse(error_body(f"invalid request: {problems}", "invalid_request_error"), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: HttpRequest, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), status_code=exc.status_code)
+
+
+def check_key(request: HttpRequest, api_key: str | None) -> None:
+    """Refuse a request without the server's bearer token (when it has one)."""
+    if api_key and request.headers.get("authorization", "") != f"Bearer {api_key}":
+        raise ApiError(401, "invalid or missing API key", "authentication_error", "invalid_api_key")
+
+
+def sse(body: dict[str, Any] | str) -> str:
+    """One server-sent event."""
+    return f"data: {body if isinstance(body, str) else json.dumps(body)}\n\n"
+
+
+class EngineApi:
+    """The routes of one engine server.
+
+    Args:
+        worker: The engine worker (started by the app's lifespan).
+        tokenizer: The served model's tokenizer.
+        settings: Server knobs.
+    """
+
+    def __init__(self, worker: EngineWorker, tokenizer: Any, settings: ServerSettings) -> None:
+        from serving.engine.factory import stop_ids
+
+        self.worker, self.tokenizer, self.settings = worker, tokenizer, settings
+        self.stop = stop_ids(tokenizer)
+        self._count = 0
+
+    def prompt_ids(self, body: CompletionRequest | ChatRequest) -> list[int]:
+        """Token ids of the prompt (chat template for chat requests)."""
+        if isinstance(body, ChatRequest):
+            ids = self.tokenizer.apply_chat_template([m.model_dump() for m in body.messages],
+                                                     add_generation_prompt=True, tokenize=True)
+            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return list(self.tokenizer.encode(body.prompt))
+
+    def make_request(self, body: CompletionRequest | ChatRequest) -> Request:
+        """Validate against this server (model, context) and build the engine request."""
+        if body.model != self.settings.model:
+            raise ApiError(404, f"model '{body.model}' is not served here (serving '{self.settings.model}')",
+                           code="model_not_found")
+        ids = self.prompt_ids(body)
+        limit = body.limit() if isinstance(body, ChatRequest) else body.max_tokens
+        if not ids:
+            raise ApiError(400, "the prompt has no tokens")
+        if len(ids) + limit > self.settings.max_context:
+            raise ApiError(400, f"prompt ({len(ids)} tokens) + max_tokens ({limit}) exceeds the context of "
+                                f"{self.settings.max_context} tokens", code="context_length_exceeded")
+        self._count += 1
+        return Request(f"r{self._count}-{new_id('x')[-8:]}", ids, limit, temperature=body.temperature,
+                       stop_ids=self.stop, seed=body.seed or 0)
+
+    def submit(self, request: Request) -> asyncio.Queue:
+        """Hand the request to the worker; its events arrive on the returned queue."""
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        try:
+            self.worker.submit(request, lambda kind, value: loop.call_soon_threadsafe(events.put_nowait,
+                                                                                        (kind, value)))
+        except QueueFull as exc:
+            self.worker.metrics.rejected.labels("queue_full").inc()
+            raise ApiError(429, f"server busy: {exc}", "rate_limit_error", "queue_full",
+                           {"Retry-After": str(self.settings.retry_after_s)}) from exc
+        except ShuttingDown as exc:
+            self.worker.metrics.rejected.labels("draining").inc()
+            raise ApiError(503, str(exc), "server_error", "shutting_down") from exc
+        return events
+
+    async def events(self, request: Request, queue: asyncio.Queue) -> AsyncIterator[tuple[str, Any]]:
+        """The request's events until done; cancels it in the engine on timeout or when the client goes away."""
+        deadline = time.monotonic() + self.settings.request_timeout_s
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                kind, value = await asyncio.wait_for(queue.get(), timeout=remaining)
+                yield kind, value
+                if kind in ("done", "error"):
+                    return
+        except (TimeoutError, asyncio.CancelledError, GeneratorExit):
+            self.worker.cancel(request.request_id)
+            raise
+
+    async def answer(self, body: CompletionRequest | ChatRequest) -> Any:
+        """Serve one request, streamed or whole."""
+        chat = isinstance(body, ChatRequest)
+        request = self.make_request(body)
+        queue = self.submit(request)
+        rid = new_id("chatcmpl" if chat else "cmpl")
+        if body.stream:
+            return StreamingResponse(self._stream(rid, body.model, request, queue, chat),
+                                     media_type="text/event-stream")
+        finish = "stop"
+        try:
+            async for kind, value in self.events(request, queue):
+                if kind == "error":
+                    raise ApiError(400, value)
+                if kind == "done":
+                    finish = "length" if value == "length" else "stop"
+        except TimeoutError as exc:
+            raise ApiError(504, f"request timed out after {self.settings.request_timeout_s} s", "server_error",
+                           "timeout") from exc
+        text = self.tokenizer.decode(request.output, skip_special_tokens=True)
+        return completion(rid, body.model, text, finish, chat, (len(request.prompt), len(request.output)))
+
+    async def _stream(self, rid: str, model: str, request: Request, queue: asyncio.Queue,
+                      chat: bool) -> AsyncIterator[str]:
+        sent = ""
+        try:
+            async for kind, value in self.events(request, queue):
+                if kind == "error":
+                    yield sse(error_body(value, "invalid_request_error"))
+                    break
+                text = self.tokenizer.decode(request.output, skip_special_tokens=True)
+                if kind == "tokens" and len(text) > len(sent) and text.startswith(sent):
+                    yield sse(completion(rid, model, text[len(sent):], None, chat, chunk=True))
+                    sent = text
+                if kind == "done":
+                    finish = "length" if value == "length" else "stop"
+                    yield sse(completion(rid, model, text[len(sent):], finish, chat,
+                                         (len(request.prompt), len(request.output)), chunk=True))
+        except TimeoutError:
+            yield sse(error_body(f"request timed out after {self.settings.request_timeout_s} s", "server_error",
+                                 "timeout"))
+        yield sse("[DONE]")
+
+
+def create_app(worker: EngineWorker, tokenizer: Any, settings: ServerSettings, drain_s: float = 30.0) -> FastAPI:
+    """The FastAPI app of one engine server; its lifespan starts the worker and drains it on shutdown."""
+    from contextlib import asynccontextmanager
+
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    api = EngineApi(worker, tokenizer, settings)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        worker.start()
+        yield
+        await asyncio.to_thread(worker.stop, drain_s)
+
+    app = FastAPI(title="exitplan engine", lifespan=lifespan)
+    install_error_handlers(app)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, http: HttpRequest) -> Any:
+        check_key(http, settings.api_key)
+        return await api.answer(body)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, http: HttpRequest) -> Any:
+        check_key(http, settings.api_key)
+        return await api.answer(body)
+
+    @app.get("/v1/models")
+    async def models(http: HttpRequest) -> dict[str, Any]:
+        check_key(http, settings.api_key)
+        return {"object": "list", "data": [{"id": settings.model, "object": "model", "owned_by": "exitplan"}]}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ok = worker.healthy
+        return JSONResponse({"status": "ok" if ok else "draining", "model": settings.model,
+                             "in_flight": worker.in_flight}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        worker.metrics.queue_depth.set(worker.queue_depth())
+        return PlainTextResponse(generate_latest(worker.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/telemetry")
+    async def telemetry() -> list[dict[str, Any]]:
+        return list(worker.telemetry)
+
+    return app

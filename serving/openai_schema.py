@@ -1,0 +1,83 @@
+"""The OpenAI request and response shapes both servers speak (the subset exitplan serves), and its error format."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_TOKENS_LIMIT = 4096
+"""Largest ``max_tokens`` accepted (a server may allow less: its context)."""
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1)
+    max_tokens: int = Field(default=16, ge=1, le=MAX_TOKENS_LIMIT)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    stream: bool = False
+    seed: int | None = Field(default=None, ge=0)
+    user: str | None = None
+
+
+class CompletionRequest(_Request):
+    """``POST /v1/completions``."""
+
+    prompt: str = Field(min_length=1)
+
+
+class ChatMessage(BaseModel):
+    """One chat message."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ChatRequest(_Request):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
+
+    def limit(self) -> int:
+        """The generation limit asked for."""
+        return self.max_completion_tokens or self.max_tokens
+
+
+def error_body(message: str, kind: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error object."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def new_id(prefix: str) -> str:
+    """A response id."""
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """The usage block."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion(rid: str, model: str, text: str, finish: str | None, chat: bool,
+               tokens: tuple[int, int] | None = None, chunk: bool = False) -> dict[str, Any]:
+    """A (chunk of a) completion or chat completion response."""
+    if chat:
+        choice: dict[str, Any] = ({"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": finish}
+                                  if chunk else {"index": 0, "message": {"role": "assistant", "content": text},
+                                                 "finish_reason": finish})
+        kind = "chat.completion.chunk" if chunk else "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        kind = "text_completion"
+    body: dict[str, Any] = {"id": rid, "object": kind, "created": int(time.time()), "model": model,
+                            "choices": [choice]}
+    if tokens is not None:
+        body["usage"] = usage(*tokens)
+    return body

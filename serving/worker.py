@@ -1,0 +1,222 @@
+"""One HELIOS engine behind a thread: requests come from any thread (the API's event loop), tokens go back by callback.
+
+The engine is single-threaded by design (one batched pass per step). The worker owns it: it drains an inbox of new
+requests and cancellations, steps while there is work, and after each step hands every request its new tokens. It
+bounds the queue (callers get :class:`QueueFull` and answer 429), counts what ``/metrics`` exports, keeps the recent
+per-request telemetry that re-profiling reads (and persists it atomically), and drains in-flight requests on stop.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from exitplan.errors import ExitplanError
+from serving.engine.engine import Engine
+from serving.engine.request import Request
+from serving.engine.telemetry import request_rows
+from serving.metrics import ServerMetrics
+
+
+class QueueFull(ExitplanError):
+    """The engine's queue is at its bound: retry later."""
+
+
+class ShuttingDown(ExitplanError):
+    """The server is draining: no new requests."""
+
+
+@dataclass
+class Handle:
+    """A submitted request and where its tokens go.
+
+    Attributes:
+        request: The engine request.
+        on_event: Called (from the worker thread) with ``("tokens", [ids])``, ``("done", reason)`` or
+            ``("error", message)``.
+        sent: Output tokens already handed over.
+        submitted_s: ``time.perf_counter()`` at submission.
+    """
+
+    request: Request
+    on_event: Callable[[str, Any], None]
+    sent: int = 0
+    submitted_s: float = field(default_factory=time.perf_counter)
+
+
+class EngineWorker:
+    """Runs ``engine`` in a daemon thread.
+
+    Args:
+        engine: The HELIOS engine (used only from the worker thread).
+        max_queue: Requests that may wait (beyond those running) before :meth:`submit` refuses.
+        metrics: Prometheus metrics to update.
+        telemetry_path: Where to persist per-request telemetry (None: kept in memory only).
+        telemetry_window: Finished requests kept.
+        persist_every: Finished requests between two writes of the telemetry file.
+    """
+
+    def __init__(self, engine: Engine, max_queue: int, metrics: ServerMetrics, telemetry_path: Path | None = None,
+                 telemetry_window: int = 1000, persist_every: int = 20) -> None:
+        self.engine = engine
+        self.max_queue = max_queue
+        self.metrics = metrics
+        self.telemetry: deque[dict[str, Any]] = deque(maxlen=telemetry_window)
+        self._telemetry_path, self._persist_every, self._unsaved = telemetry_path, persist_every, 0
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._handles: dict[str, Handle] = {}
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._accepting = True
+        self._events_seen = 0
+        self._thread = threading.Thread(target=self._loop, name="engine-worker", daemon=True)
+
+    # --- any thread --------------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start stepping."""
+        self._thread.start()
+
+    @property
+    def healthy(self) -> bool:
+        """Accepting requests and stepping."""
+        return self._accepting and self._thread.is_alive()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not finished."""
+        with self._lock:
+            return self._pending + len(self._handles)
+
+    def queue_depth(self) -> int:
+        """Requests waiting (not yet running)."""
+        with self._lock:
+            return self._pending + len(self.engine.waiting)
+
+    def submit(self, request: Request, on_event: Callable[[str, Any], None]) -> None:
+        """Queue ``request``; its tokens come to ``on_event``.
+
+        Raises:
+            ShuttingDown: while draining.
+            QueueFull: when ``max_queue`` requests already wait.
+        """
+        if not self._accepting:
+            raise ShuttingDown("the server is shutting down")
+        with self._lock:
+            if self._pending + len(self.engine.waiting) >= self.max_queue:
+                raise QueueFull(f"{self.max_queue} requests are already waiting")
+            self._pending += 1
+        self._inbox.put(("add", Handle(request, on_event)))
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a request (timed out, or its client went away); its blocks are freed at the next step."""
+        self._inbox.put(("cancel", request_id))
+
+    def stop(self, drain_s: float = 30.0) -> None:
+        """Refuse new requests, let in-flight ones finish (at most ``drain_s``), then stop the thread."""
+        self._accepting = False
+        deadline = time.monotonic() + drain_s
+        while self.in_flight and time.monotonic() < deadline and self._thread.is_alive():
+            time.sleep(0.02)
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        self.persist()
+
+    def persist(self) -> None:
+        """Write the telemetry window (atomically) if a path is set."""
+        if self._telemetry_path is not None and self.telemetry:
+            import pandas as pd
+
+            from exitplan.atomic import write_parquet
+
+            write_parquet(self._telemetry_path, pd.DataFrame(list(self.telemetry)))
+            self._unsaved = 0
+
+    # --- worker thread -----------------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._drain_inbox(block=not self.engine.has_work())
+            if not self.engine.has_work():
+                continue
+            try:
+                record = self.engine.step()
+            except Exception as exc:  # noqa: BLE001 - an engine failure fails its requests, never the server
+                self._fail_all(f"engine error: {exc}")
+                continue
+            if record is not None:
+                self.metrics.step(record)
+            self._deliver()
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, value = item
+            if kind == "add":
+                self._add(value)
+            else:
+                self._cancel(value)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _add(self, handle: Handle) -> None:
+        with self._lock:
+            self._pending -= 1
+            try:
+                self.engine.add(handle.request)
+            except ExitplanError as exc:
+                handle.on_event("error", str(exc))
+                return
+            self._handles[handle.request.request_id] = handle
+
+    def _cancel(self, request_id: str) -> None:
+        handle = self._handles.pop(request_id, None)
+        if handle is None:
+            return
+        request = handle.request
+        if request in self.engine.waiting:
+            self.engine.waiting.remove(request)
+        if not request.finished:
+            request.finish_reason = "cancelled"
+        self.metrics.finished("cancelled")
+
+    def _deliver(self) -> None:
+        for request_id, handle in list(self._handles.items()):
+            request = handle.request
+            if len(request.output) > handle.sent:
+                handle.on_event("tokens", request.output[handle.sent:])
+                handle.sent = len(request.output)
+            if request.finished and request not in self.engine.running:
+                del self._handles[request_id]
+                handle.on_event("done", request.finish_reason)
+                self.metrics.request(request)
+                self.telemetry.extend(request_rows([request]))
+                self._unsaved += 1
+                if self._unsaved >= self._persist_every:
+                    self.persist()
+        self.metrics.events(self.engine.telemetry.events[self._events_seen:])
+        self._events_seen = len(self.engine.telemetry.events)
+        self.metrics.queue_depth.set(self.queue_depth())
+
+    def _fail_all(self, message: str) -> None:
+        for handle in self._handles.values():
+            handle.on_event("error", message)
+        self._handles.clear()
+        pool = self.engine.served.pool if self.engine.served is not None else None
+        for request in self.engine.running:
+            if pool is not None:
+                pool.release(request.blocks)
+            request.blocks, request.finish_reason = [], request.finish_reason or "error"
+        self.engine.waiting.clear()
+        self.engine.running.clear()

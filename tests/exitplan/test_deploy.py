@@ -1,0 +1,75 @@
+"""Rendering a plan into vLLM replicas and launch files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from exitplan.config import EngineParams
+from exitplan.deploy import fleet_config, local_fleet, render, write_launch_files
+from exitplan.errors import ExitplanError
+
+QWEN_S, QWEN_L = "Qwen/Qwen2.5-Coder-0.5B-Instruct", "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+
+
+def plan(groups_small, groups_large, weights_small=None) -> dict:
+    return {"thresholds": [0.1], "models": [
+        {"model": QWEN_S, "fraction": 0.65, "deployed": True, "groups": groups_small,
+         "replica_weights": weights_small},
+        {"model": QWEN_L, "fraction": 0.35, "deployed": True, "groups": groups_large}]}
+
+
+def group(gpu, dp, tp=1, pp=1, layers=None):
+    return {"gpu": gpu, "dp": dp, "tp": tp, "pp": pp, "gpus": dp * tp * pp, **({"layers": layers} if layers else {})}
+
+
+def test_every_dp_rank_becomes_a_replica_with_the_simulated_knobs(catalog) -> None:
+    engine = EngineParams(max_num_seqs=128, max_model_len=4096)
+    replicas = render(plan([group("rtx-4090", 2)], [group("h100-sxm", 3, tp=2)], [0.7, 0.3]), catalog, engine, 9000)
+    assert [r.model for r in replicas] == [QWEN_S] * 2 + [QWEN_L] * 3
+    assert [r.weight for r in replicas[:2]] == [0.7, 0.3] and replicas[2].weight == pytest.approx(1 / 3)
+    assert [r.port for r in replicas] == list(range(9000, 9005))
+    args = replicas[2].args
+    assert args[:3] == ["vllm", "serve", QWEN_L]
+    assert args[args.index("--tensor-parallel-size") + 1] == "2" and args[args.index("--max-num-seqs") + 1] == "128"
+    assert args[args.index("--max-model-len") + 1] == "4096"
+    # h100 hosts hold 8 GPUs: three TP=2 replicas share one host on devices 0-1, 2-3, 4-5
+    assert {r.host for r in replicas[2:]} == {"h100-sxm-0"} and [r.devices for r in replicas[2:]] == [[0, 1], [2, 3],
+                                                                                                      [4, 5]]
+
+
+def test_a_partial_replica_loads_only_its_layers(catalog) -> None:
+    (replica, _) = render(plan([group("rtx-4090", 1, layers=12)], [group("rtx-4090", 1)]), catalog, EngineParams(),
+                          9000)
+    overrides = json.loads(replica.args[replica.args.index("--hf-overrides") + 1])
+    assert overrides == {"num_hidden_layers": 12} and replica.layers == 12
+
+
+def test_a_replica_larger_than_a_host_or_an_unknown_gpu_is_refused(catalog) -> None:
+    with pytest.raises(ExitplanError, match="does not fit"):
+        render(plan([group("rtx-4090", 1, tp=16)], [group("rtx-4090", 1)]), catalog, EngineParams(), 9000)
+    with pytest.raises(ExitplanError, match="no-such-gpu"):
+        render(plan([group("no-such-gpu", 1)], [group("rtx-4090", 1)]), catalog, EngineParams(), 9000)
+
+
+def test_launch_files_hold_one_script_per_host(catalog, tmp_path) -> None:
+    from exitplan import REPO_ROOT
+    from exitplan.config import load_params
+
+    params = load_params(REPO_ROOT / "params.yaml")
+    the_plan = plan([group("rtx-4090", 2)], [group("rtx-5090", 3)])
+    replicas = render(the_plan, catalog, EngineParams(), 9000)
+    files = write_launch_files(tmp_path, replicas, fleet_config(the_plan, replicas, params, None), "7")
+    scripts = sorted(p.name for p in files if p.suffix == ".sh")
+    assert scripts == ["launch-rtx-4090-0.sh", "launch-rtx-5090-0.sh"]
+    text = (tmp_path / "launch-rtx-5090-0.sh").read_text()
+    assert text.count("vllm serve") == 3 and "CUDA_VISIBLE_DEVICES=2" in text
+    fleet = json.loads((tmp_path / "fleet.json").read_text())
+    assert fleet["models"] == [QWEN_S, QWEN_L] and len(fleet["replicas"]) == 5
+
+
+def test_a_local_fleet_renormalises_the_fractions_of_the_models_here() -> None:
+    the_plan = {"models": [{"model": "a", "fraction": 0.2}, {"model": "b", "fraction": 0.3},
+                           {"model": "c", "fraction": 0.5}]}
+    assert local_fleet(the_plan, ["a", "c"])["fractions"] == pytest.approx([2 / 7, 5 / 7])

@@ -1,0 +1,68 @@
+"""Real engine servers on 127.0.0.1 (uvicorn in a thread) serving SmolLM2-135M at full depth."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serve(app, port: int | None = None) -> Iterator[str]:
+    """Run ``app`` with uvicorn on 127.0.0.1 in a thread; yields its base URL; shuts it down gracefully."""
+    import uvicorn
+
+    port = port or free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           timeout_graceful_shutdown=20))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code in (200, 503):
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    else:
+        raise RuntimeError(f"server on {url} did not start")
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+
+
+def engine_app(checkpoint: Path, name: str = SMOLLM2, max_queue: int = 64, timeout_s: float = 60.0,
+               api_key: str | None = None, max_num_seqs: int = 8, telemetry: Path | None = None):
+    from exitplan.profiling.pht import PerformanceHistoryTable
+    from serving.api import ServerSettings
+    from serving.engine.engine import EngineConfig
+    from serving.engine.served import Candidate
+    from serving.server import make_app
+
+    config = EngineConfig(memory_budget_bytes=2 * 2**30, mode="full", max_num_seqs=max_num_seqs)
+    settings = ServerSettings(name, max_context=512, request_timeout_s=timeout_s, api_key=api_key)
+    return make_app(Candidate(name, checkpoint), config, PerformanceHistoryTable(), settings, max_queue, telemetry,
+                    drain_s=20)
+
+
+@pytest.fixture(scope="module")
+def engine_url(smollm2_checkpoint: Path) -> Iterator[str]:
+    with serve(engine_app(smollm2_checkpoint)) as url:
+        yield url

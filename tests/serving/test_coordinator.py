@@ -1,0 +1,160 @@
+"""The coordinator in front of real engine servers on 127.0.0.1: routing, replica split, faults, 429, fuzzing."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from exitplan import REPO_ROOT
+from serving.coordinator import Coordinator, Replica, ReplicaSet, ThresholdRouter, create_coordinator_app
+from serving.scorer import BatchingScorer
+from tests.serving.conftest import engine_app, free_port, serve
+
+SMALL, LARGE = "fleet/small", "fleet/large"
+
+
+def length_score(texts):
+    """Routing score = prompt length (a transparent stand-in for the embedding router in these unit tests)."""
+    return np.array([float(len(t)) for t in texts])
+
+
+def coordinator(replicas: dict[str, list[tuple[str, float]]], fractions=(0.7, 0.3), max_in_flight=256,
+                timeout_s=60.0) -> Coordinator:
+    sets = {m: ReplicaSet([Replica(m, url, w) for url, w in rs]) for m, rs in replicas.items()}
+    router = ThresholdRouter(fractions, np.linspace(0, 100, 501), window=100_000)
+    return Coordinator([SMALL, LARGE], router, sets, BatchingScorer(length_score), max_in_flight=max_in_flight,
+                       request_timeout_s=timeout_s, cooldown_s=30)
+
+
+@pytest.fixture(scope="module")
+def fleet(smollm2_checkpoint: Path):
+    """Two 'small' replicas and one 'large' one (all SmolLM2 engines under different names), and the coordinator."""
+    with serve(engine_app(smollm2_checkpoint, SMALL)) as s1, serve(engine_app(smollm2_checkpoint, SMALL)) as s2, \
+            serve(engine_app(smollm2_checkpoint, LARGE)) as l1:
+        coord = coordinator({SMALL: [(s1, 0.75), (s2, 0.25)], LARGE: [(l1, 1.0)]})
+        with serve(create_coordinator_app(coord)) as url:
+            yield url, coord
+
+
+def test_routing_follows_the_thresholds(fleet) -> None:
+    url, coord = fleet
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    for prompt, expected in (("Hi " * 3, SMALL), ("x" * 95, LARGE), ("y" * 20, SMALL), ("z" * 90, LARGE)):
+        reply = client.completions.with_raw_response.create(model="exitplan", prompt=prompt, max_tokens=2)
+        assert reply.headers["x-exitplan-model"] == expected
+        assert reply.parse().model == expected and reply.parse().choices[0].text is not None
+    assert coord.router.cuts[0] == pytest.approx(70, abs=1)
+
+
+def test_weighted_replica_choice_follows_the_split(fleet) -> None:
+    url, coord = fleet
+    small = coord.replicas[SMALL].replicas
+    before = [r.served for r in small]
+    for i in range(20):
+        assert httpx.post(f"{url}/v1/completions", json={"model": SMALL, "prompt": f"n{i}", "max_tokens": 1},
+                          timeout=60).status_code == 200
+    assert [r.served - b for r, b in zip(small, before, strict=True)] == [15, 5]
+
+
+def test_streaming_through_the_coordinator(fleet) -> None:
+    url, _ = fleet
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    chunks = list(client.chat.completions.create(model="exitplan", messages=[{"role": "user", "content": "Hello"}],
+                                                 max_tokens=5, stream=True))
+    assert chunks and chunks[-1].choices[0].finish_reason in ("length", "stop")
+    assert "".join(c.choices[0].delta.content or "" for c in chunks)
+
+
+def test_a_full_coordinator_returns_429(smollm2_checkpoint: Path) -> None:
+    with serve(engine_app(smollm2_checkpoint, SMALL, max_num_seqs=1)) as s1:
+        coord = coordinator({SMALL: [(s1, 1.0)], LARGE: [(s1, 1.0)]}, max_in_flight=2)
+        with serve(create_coordinator_app(coord)) as url, concurrent.futures.ThreadPoolExecutor(8) as pool:
+            body = {"model": SMALL, "prompt": "Once upon a time", "max_tokens": 16}
+            codes = list(pool.map(lambda _: httpx.post(f"{url}/v1/completions", json=body, timeout=60), range(8)))
+    assert {r.status_code for r in codes} == {200, 429}
+    assert next(r for r in codes if r.status_code == 429).headers["retry-after"] == "1"
+
+
+def _engine_process(checkpoint: Path, tmp: Path, name: str) -> tuple[subprocess.Popen, str]:
+    """An engine server in its own process (so it can be killed), serving ``checkpoint`` as ``name``."""
+    tree = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    tree["catalog"] = str(REPO_ROOT / "model_repository" / "catalog.yaml")
+    tree["tracking"]["enabled"] = False
+    tree["fetch_models"]["checkpoint_dir"] = str(tmp / "checkpoints")
+    (tmp / "checkpoints" / name).parent.mkdir(parents=True, exist_ok=True)
+    if not (tmp / "checkpoints" / name).exists():
+        (tmp / "checkpoints" / name).symlink_to(checkpoint)
+    (tmp / "params.yaml").write_text(yaml.safe_dump(tree))
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "serving.server", "--model", name, "--port", str(port),
+                             "--params", str(tmp / "params.yaml"), "--memory-gib", "1", "--max-context", "512"],
+                            cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("engine process did not start")
+
+
+def test_killing_a_replica_under_load_loses_no_request(smollm2_checkpoint: Path, tmp_path: Path) -> None:
+    victim, victim_url = _engine_process(smollm2_checkpoint, tmp_path, SMALL)
+    try:
+        with serve(engine_app(smollm2_checkpoint, SMALL)) as survivor:
+            coord = coordinator({SMALL: [(victim_url, 0.5), (survivor, 0.5)], LARGE: [(survivor, 1.0)]})
+            with serve(create_coordinator_app(coord)) as url, concurrent.futures.ThreadPoolExecutor(12) as pool:
+                body = {"model": SMALL, "prompt": "Write a long story about a dragon.", "max_tokens": 200}
+                futures = [pool.submit(httpx.post, f"{url}/v1/completions", json=body, timeout=300)
+                           for _ in range(12)]
+                deadline = time.monotonic() + 60
+                while httpx.get(f"{victim_url}/health").json()["in_flight"] < 3 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                victim.send_signal(signal.SIGKILL)  # with requests in flight on it
+                replies = [f.result() for f in futures]
+    finally:
+        victim.kill()
+        victim.wait()
+    assert [r.status_code for r in replies] == [200] * 12
+    assert all(r.json()["usage"]["completion_tokens"] >= 1 for r in replies)
+    victim_replica = next(r for r in coord.replicas[SMALL].replicas if r.url == victim_url)
+    survivor_replica = next(r for r in coord.replicas[SMALL].replicas if r.url != victim_url)
+    assert victim_replica.failures >= 1 and coord.stats.retries >= 1
+    assert victim_replica.served + survivor_replica.served == 12  # each request answered exactly once
+
+
+BODY_KEYS = st.sampled_from(["model", "prompt", "max_tokens", "temperature", "stream", "messages", "seed", "n",
+                             "max_completion_tokens", "stop"])
+VALUES = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.floats(allow_nan=True),
+                   st.text(max_size=40), st.sampled_from(["exitplan", SMALL, LARGE]),
+                   st.lists(st.one_of(st.text(max_size=5), st.integers(),
+                                      st.fixed_dictionaries({"role": st.text(max_size=8), "content": st.text(max_size=8)})),
+                            max_size=3))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.one_of(st.dictionaries(BODY_KEYS, VALUES, max_size=6), st.binary(max_size=40)),
+       path=st.sampled_from(["/v1/completions", "/v1/chat/completions"]))
+def test_fuzzed_requests_never_get_a_5xx(fleet, body, path) -> None:
+    url, _ = fleet
+    if isinstance(body, bytes):
+        reply = httpx.post(f"{url}{path}", content=body, headers={"content-type": "application/json"}, timeout=120)
+    else:
+        reply = httpx.post(f"{url}{path}", json=body, timeout=120)
+    assert reply.status_code < 500, (body, reply.text)

@@ -1,0 +1,121 @@
+"""Stage ``gate``: every expectation a challenger plan must meet before promotion, in one report.
+
+Data suites (workload traces, perf DB, quality labels, PHT, the plan itself) and the served-quality gate
+(:mod:`validation.quality`) write ``<gates.output_dir>/gate.json``: the plan's SHA-256, each suite's result and
+every failed expectation by name. The stage itself never fails on a failed gate (its report is the output DVC
+keeps); ``exitplan promote`` reads the report and refuses, naming the failures, when it did not pass.
+
+Run by DVC: ``python -m validation.gate``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from exitplan.atomic import write_json, write_parquet
+from exitplan.config import DEFAULT_PARAMS, Params, load_params
+from exitplan.tracking import log_stage_run
+from serving.engine.telemetry import REQUEST_COLUMNS
+from validation import suites
+from validation.check import SuiteResult, validate
+
+REPORT = "gate.json"
+
+
+def plan_path(params: Params) -> Path:
+    """The promoted scenario's plan (the first scenario's)."""
+    return params.path(params.plan.output_dir) / params.plan.scenarios[0].name / "plan.json"
+
+
+def sha256(path: Path) -> str:
+    """SHA-256 of a file."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def pht_frame(path: Path) -> pd.DataFrame:
+    """The PHT as one row per candidate (exit shares summed)."""
+    raw = json.loads(path.read_text()) if path.is_file() else {}
+    return pd.DataFrame([{**{k: v for k, v in e.items() if k not in ("exit_distribution", "exit_layers")},
+                          "exit_share_sum": sum(e["exit_distribution"].values())} for e in raw.values()])
+
+
+def plan_frame(plan: dict[str, Any]) -> pd.DataFrame:
+    """The plan as one row per model."""
+    return pd.DataFrame([{k: m.get(k) for k in ("model", "fraction", "predicted_p95_s", "predicted_p99_s",
+                                                 "cost_per_hour")} for m in plan["models"]])
+
+
+def data_suites(params: Params, plan: dict[str, Any]) -> list[SuiteResult]:
+    """Every input of the plan against its suite."""
+    gates = params.gates
+    workload = params.path(params.prepare_workload.output_dir)
+    results = [validate(f"trace:{t.name}", pd.read_parquet(workload / f"trace_{t.name}.parquet"), suites.trace(gates))
+               for t in params.prepare_workload.traces]
+    results.append(validate("perf_db", pd.read_parquet(params.path(params.build_perf_db.output_dir) /
+                                                       "perf_db.parquet"), suites.perf_db(gates)))
+    results.append(validate("labels", pd.read_parquet(params.path(params.label_quality.output_dir) /
+                                                      "labels.parquet"), suites.labels(gates)))
+    results.append(validate("pht", pht_frame(params.path(params.helios.pht_path)), suites.pht(gates)))
+    results.append(validate("plan", plan_frame(plan), suites.plan(gates)))
+    return results
+
+
+def run(params: Params) -> dict[str, Any]:
+    """Run every suite and the quality gate; write the report and the HELIOS runs' telemetry."""
+    from validation.quality import measure
+
+    path = plan_path(params)
+    plan = json.loads(path.read_text())
+    results = data_suites(params, plan)
+    deployed = [m["model"] for m in plan["models"] if m.get("deployed", True) and m["fraction"] > 0]
+    table, telemetry = measure(params, deployed)
+    results.append(validate("quality", table, suites.quality(params.gates)))
+    out = params.path(params.gates.output_dir)
+    write_parquet(out / "telemetry.parquet", telemetry if not telemetry.empty else
+                  pd.DataFrame(columns=list(REQUEST_COLUMNS)))
+    report = {"scenario": params.plan.scenarios[0].name, "plan": str(path.relative_to(params.root)),
+              "plan_sha256": sha256(path), "passed": all(r.success for r in results),
+              "suites": [r.as_dict() for r in results],
+              "quality": json.loads(table.to_json(orient="records"))}
+    write_json(out / REPORT, report)
+    return report
+
+
+def metrics(report: dict[str, Any]) -> dict[str, Any]:
+    """Numbers for ``dvc metrics show`` and MLflow."""
+    out: dict[str, Any] = {"passed": int(report["passed"]),
+                           "failed_expectations": sum(len(s["failures"]) for s in report["suites"])}
+    for row in report["quality"]:
+        for key in ("exit_layer", "ppl_helios", "ppl_full", "ppl_increase_rel", "rouge2_vs_full", "em_helios",
+                    "em_full", "breach_rate"):
+            out[f"{row['model']}.{key}"] = row[key]
+    return out
+
+
+def main(params: Params) -> dict[str, Any]:
+    """Run the stage and record it."""
+    report = run(params)
+    figures = metrics(report)
+    out = params.path(params.gates.output_dir)
+    write_json(out / "metrics.json", figures)
+    log_stage_run("gate", params.tracking, params.root, params.gates.model_dump(), figures, [out / REPORT])
+    return report
+
+
+def describe(report: dict[str, Any]) -> str:
+    """The verdict and every failed expectation."""
+    lines = [f"gate {'PASSED' if report['passed'] else 'FAILED'} for {report['plan']}"]
+    for suite in report["suites"]:
+        lines += [f"  {suite['suite']}: {f}" for f in suite["failures"]]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    params_path = Path(sys.argv[sys.argv.index("--params") + 1]) if "--params" in sys.argv else Path(DEFAULT_PARAMS)
+    print(describe(main(load_params(params_path))))
