@@ -150,7 +150,8 @@ def main() -> None:
     print(f"routing scorer (MiniLM + ridge), apart: {scorer['batches']} batches for {scorer['requests']} requests "
           f"(mean batch {scorer['requests'] / max(scorer['batches'], 1):.2f}), model time "
           f"{1000 * scorer['model_seconds'] / max(scorer['batches'], 1):.1f} ms per batch, "
-          f"{1000 * scorer['model_seconds'] / max(scorer['requests'], 1):.1f} ms per request")
+          f"{1000 * scorer['model_seconds'] / max(scorer['requests'], 1):.1f} ms per request; wait per request "
+          f"(queue + batching + model) {1000 * scorer['wait_seconds'] / max(scorer['requests'], 1):.1f} ms")
     print(f"RESULT throughput_rps={len(whole) / w_seconds:.3f} ttft_p95_ms={1000 * pct(ttft, 95):.1f} "
           f"routing_fraction_err={err:.3f} coordinator_overhead_ms={np.median(overhead):.3f}")
 

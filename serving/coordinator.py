@@ -113,7 +113,8 @@ class ThresholdRouter:
 
 @dataclass
 class CoordinatorStats:
-    """Per-request timings (seconds): total, upstream (replica), scorer model, and the coordinator's own rest."""
+    """Per-request timings (seconds): the coordinator's own (total minus the replica and the scorer's whole wait),
+    and the scorer's wait."""
 
     overhead: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
     scorer: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
@@ -247,9 +248,9 @@ class Coordinator:
         t0 = time.perf_counter()
         self.in_flight += 1
         try:
-            score, scorer_s = (await self.scorer.score(prompt_text(body))) if body.model == self.fleet_name \
-                else (None, 0.0)
-            self.stats.scorer.append(scorer_s)
+            score, _, scorer_s = (await self.scorer.score(prompt_text(body))) if body.model == self.fleet_name \
+                else (None, 0.0, 0.0)
+            self.stats.scorer.append(scorer_s)  # the scorer's whole wait (queue, batching, model) is its own
             model = self.choose(body, score)
             payload = {**body.model_dump(exclude_none=True), "model": model}
         except BaseException:

@@ -57,6 +57,7 @@ class BatchStats:
     batches: int = 0
     requests: int = 0
     model_seconds: float = 0.0
+    wait_seconds: float = 0.0
     sizes: list[int] = field(default_factory=list)
 
 
@@ -76,14 +77,19 @@ class BatchingScorer:
         self._task: asyncio.Task | None = None
         self.stats = BatchStats()
 
-    async def score(self, text: str) -> tuple[float, float]:
-        """The prompt's score and the model seconds of the batch it rode in."""
+    async def score(self, text: str) -> tuple[float, float, float]:
+        """The prompt's score, the model seconds of the batch it rode in, and its whole wait (queue, batching and
+        model)."""
         if self._queue is None:
             self._queue = asyncio.Queue()
             self._task = asyncio.create_task(self._run())
         future: asyncio.Future = asyncio.get_running_loop().create_future()
+        started = time.perf_counter()
         await self._queue.put((text, future))
-        return await future
+        value, model_s = await future
+        waited = time.perf_counter() - started
+        self.stats.wait_seconds += waited
+        return value, model_s, waited
 
     async def _run(self) -> None:
         assert self._queue is not None

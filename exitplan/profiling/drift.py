@@ -126,9 +126,21 @@ def _sample_test(name: str, ref: np.ndarray, cur: np.ndarray, alpha: float, min_
     return DriftTest(name, float(statistic), float(p_value), effect, bool(p_value < alpha and effect >= min_effect))
 
 
+def _tests(reference: pd.DataFrame, current: pd.DataFrame, threshold: float, alpha: float, min_effect: float,
+           prefix: str) -> list[DriftTest]:
+    tests = [_exit_test(reference, current, alpha, min_effect),
+             _sample_test("breach_rate", breach_shares(reference, threshold), breach_shares(current, threshold),
+                          alpha, min_effect),
+             _sample_test("confidence", mean_confidences(reference), mean_confidences(current), alpha, min_effect)]
+    return [DriftTest(f"{prefix}{t.name}", t.statistic, t.p_value, t.effect, t.drifted) for t in tests]
+
+
 def detect(reference: pd.DataFrame, current: pd.DataFrame, threshold: float, alpha: float = 0.01,
            min_effect: float = 0.05, min_requests: int = 8) -> DriftReport:
-    """Compare the current window of per-request telemetry with the reference.
+    """Compare the current window of per-request telemetry with the reference, model by model.
+
+    Each model's live requests are compared with its own reference (a small and a large model differ in depth and
+    confidence without any drift); models without enough requests on either side are not tested.
 
     Args:
         reference: Telemetry the PHT was profiled on.
@@ -136,19 +148,22 @@ def detect(reference: pd.DataFrame, current: pd.DataFrame, threshold: float, alp
         threshold: Confidence under which a token is a breach (``helios.threshold``).
         alpha: Significance level of each test.
         min_effect: Smallest effect that counts as drift.
-        min_requests: Fewer requests with output than this in either window: no test.
+        min_requests: Fewer requests with output than this for a model on either side: no test for it.
 
     Raises:
         ExitplanError: when a frame lacks a column the tests read.
     """
     reference, current = _check(reference, "reference"), _check(current, "current")
     sizes = (len(reference), len(current))
-    if min(sizes) < min_requests:
-        return DriftReport(*sizes, reason=f"a window holds fewer than {min_requests} requests with output {sizes}")
-    tests = [_exit_test(reference, current, alpha, min_effect),
-             _sample_test("breach_rate", breach_shares(reference, threshold), breach_shares(current, threshold),
-                          alpha, min_effect),
-             _sample_test("confidence", mean_confidences(reference), mean_confidences(current), alpha, min_effect)]
+    by_model = "model" in reference.columns and "model" in current.columns
+    groups = ([(f"{m}: ", reference[reference["model"] == m], current[current["model"] == m])
+               for m in dict.fromkeys(reference["model"]) if m in set(current["model"])]
+              if by_model else [("", reference, current)])
+    tests = [t for prefix, ref, cur in groups if min(len(ref), len(cur)) >= min_requests
+             for t in _tests(ref, cur, threshold, alpha, min_effect, prefix)]
+    if not tests:
+        return DriftReport(*sizes, reason=f"no model has {min_requests} requests with output in both windows "
+                                          f"(reference {sizes[0]}, current {sizes[1]})")
     return DriftReport(*sizes, tests=tests)
 
 

@@ -1,8 +1,9 @@
 """Stage ``online_profile``: HELIOS's online profiling of the candidates into the Performance History Table.
 
-The engine profiles every candidate on the first requests of a sample (answered, not thrown away), picks the best
-candidate and exit depth, then serves the sample once more from the finished PHT: that second pass is the
-*reference telemetry* that ``reprofile_fleet`` compares live traffic with. The sample is the telemetry snapshot's
+The engine profiles every candidate on the first requests of a sample (answered, not thrown away) and picks the best
+candidate and exit depth. Then each candidate alone serves the sample from the finished PHT, as a fleet's engine
+server does: those passes are the per-model *reference telemetry* that ``reprofile_fleet`` compares live traffic
+with. The sample is the telemetry snapshot's
 requests when ``reprofile_fleet`` wrote one on drift (so the PHT follows the traffic), else held-out workload
 prompts (the embedded default).
 
@@ -11,6 +12,7 @@ Run by DVC: ``python -m serving.engine.online_profile`` (in ``serving/`` because
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,14 +54,23 @@ def profile(params: Params) -> dict[str, Any]:
     pht = PerformanceHistoryTable()  # profiled afresh: the traffic may have changed
     engine = Engine(cands, engine_config(params), pht)
     engine.run(requests(prompts, limits, stop, "profile-"))
-    served = engine.run(requests(prompts, limits, stop, "serve-"))
+    chosen, depth, telemetry = engine.served.name, engine.served.exit_layer, engine.telemetry
+    del engine
+    gc.collect()
     pht.path = params.path(params.helios.pht_path)
     pht.save()
+    served, depths = [], {}
+    for i, candidate in enumerate(cands):  # each alone, as an engine server of the fleet serves it
+        reader = PerformanceHistoryTable(pht.path)
+        reader.path = None  # read only
+        alone = Engine([candidate], engine_config(params), reader)
+        served += alone.run(requests(prompts, limits, stop, f"serve{i}-"))
+        depths[candidate.name] = alone.served.exit_layer
+        del alone
+        gc.collect()
     write_parquet(params.path(params.online_profile.reference_telemetry), pd.DataFrame(request_rows(served)))
-    selected = [e for e in engine.telemetry.events if e.kind == "select"]
-    return {"source": source, "requests": len(prompts), "served_model": engine.served.name,
-            "served_exit_layer": engine.served.exit_layer, "selections": len(selected),
-            "loads": engine.telemetry.count("load"), "switches": engine.telemetry.count("switch"),
+    return {"source": source, "requests": len(prompts), "served_model": chosen, "served_exit_layer": depth,
+            "exit_layer_alone": depths, "loads": telemetry.count("load"), "switches": telemetry.count("switch"),
             "breach_rate": sum(r.breaches for r in served) / max(sum(len(r.output) for r in served), 1),
             "candidates": {m: {"perplexity": e.perplexity, "throughput_tok_s": e.throughput_tok_s,
                                "exit_distribution": {str(k): v for k, v in e.exit_distribution.items()}}

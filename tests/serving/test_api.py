@@ -86,3 +86,40 @@ def test_an_api_key_is_required_when_set(smollm2_checkpoint) -> None:
         assert httpx.get(f"{url}/v1/models").status_code == 401
         ok = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200 and json.loads(ok.text)["data"][0]["id"] == SMOLLM2
+
+
+def test_shutdown_drains_in_flight_requests(smollm2_checkpoint) -> None:
+    import threading
+    import time
+
+    import uvicorn
+
+    from tests.serving.conftest import free_port
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(engine_app(smollm2_checkpoint), host="127.0.0.1", port=port,
+                                           log_level="warning", timeout_graceful_shutdown=60))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    result: dict = {}
+    body = {"model": SMOLLM2, "prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 60}
+    worker = threading.Thread(target=lambda: result.update(reply=httpx.post(f"{url}/v1/completions", json=body,
+                                                                             timeout=120)))
+    worker.start()
+    while httpx.get(f"{url}/health").json()["in_flight"] < 1:
+        time.sleep(0.02)
+    server.should_exit = True  # what SIGTERM does
+    worker.join(timeout=120)
+    thread.join(timeout=60)
+    assert result["reply"].status_code == 200
+    answer = result["reply"].json()
+    assert answer["usage"]["completion_tokens"] == 60 and answer["choices"][0]["finish_reason"] == "length"
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/health", timeout=2)

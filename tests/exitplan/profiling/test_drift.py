@@ -31,7 +31,7 @@ def test_two_windows_of_the_same_traffic_do_not_drift() -> None:
 def test_lower_confidence_drifts_on_quality() -> None:
     report = detect(window(60, 0), window(60, 1, confidence=(4.0, 2.0)), threshold=0.8)
     fired = {t.name for t in report.tests if t.drifted}
-    assert report.drifted and {"breach_rate", "confidence"} <= fired
+    assert report.drifted and {"breach_rate", "confidence"} <= fired  # frames without a model column: one group
 
 
 def test_a_shifted_exit_distribution_drifts() -> None:
@@ -51,7 +51,19 @@ def test_a_significant_but_tiny_shift_is_not_drift() -> None:
 
 def test_too_few_requests_run_no_test() -> None:
     report = detect(window(60, 0), window(3, 1), threshold=0.8, min_requests=8)
-    assert not report.drifted and not report.tests and "fewer than 8" in report.reason
+    assert not report.drifted and not report.tests and "8 requests" in report.reason
+
+
+def test_each_model_is_compared_with_its_own_reference() -> None:
+    small = window(40, 0, confidence=(8.0, 2.0), exits=(24,)).assign(model="small")
+    large = window(40, 1, confidence=(3.0, 2.0), exits=(28,)).assign(model="large")
+    both = pd.concat([small, large], ignore_index=True)
+    live = pd.concat([window(40, 2, confidence=(8.0, 2.0), exits=(24,)).assign(model="small"),
+                      window(40, 3, confidence=(3.0, 2.0), exits=(28,)).assign(model="large")], ignore_index=True)
+    assert not detect(both, live, threshold=0.8).drifted  # mixed models, same traffic: no drift
+    assert detect(small, live[live["model"] == "large"].assign(model="small"), threshold=0.8).drifted
+    only_new = detect(small, live[live["model"] == "large"], threshold=0.8)
+    assert not only_new.tests and "no model" in only_new.reason
 
 
 def test_a_frame_without_the_columns_is_refused() -> None:
