@@ -49,8 +49,10 @@ class KVPool:
             raise ExitplanError(f"a KV pool needs at least one block and one layer (got {num_blocks}, {layers})")
         self.shape, self.layers, self.num_blocks, self.block_size = shape, layers, num_blocks, block_size
         size = (layers, num_blocks * block_size, shape.kv_heads, shape.head_dim)
-        self.keys = torch.zeros(size, dtype=shape.dtype)
-        self.values = torch.zeros(size, dtype=shape.dtype)
+        # Not zero-filled: a slot is always written before it is read (the runner reads only a sequence's own
+        # context), so the OS commits the pool's pages as blocks are used instead of all at once.
+        self.keys = torch.empty(size, dtype=shape.dtype)
+        self.values = torch.empty(size, dtype=shape.dtype)
         self._free = list(range(num_blocks - 1, -1, -1))
 
     @property
