@@ -158,3 +158,21 @@ def test_fuzzed_requests_never_get_a_5xx(fleet, body, path) -> None:
     else:
         reply = httpx.post(f"{url}{path}", json=body, timeout=120)
     assert reply.status_code < 500, (body, reply.text)
+
+
+def test_thresholds_follow_a_drifting_score_distribution() -> None:
+    rng = np.random.default_rng(0)
+    router = ThresholdRouter([0.65, 0.35], rng.normal(0, 1, 160), window=256)
+    stale = np.searchsorted(router.cuts, rng.normal(3, 2, 1000), side="right")
+    assert abs(stale.mean() - 0.35) > 0.4  # the plan's thresholds alone would send nearly all to the large model
+    routed = [router.route(s) for s in rng.normal(3, 2, 2000)]
+    assert abs(np.mean(routed[-1000:]) - 0.35) < 0.03  # re-cut on the window: the split tracks the plan
+
+
+def test_smooth_weighted_round_robin_keeps_every_prefix_within_one_of_its_share() -> None:
+    replicas = ReplicaSet([Replica("m", "a", 0.5), Replica("m", "b", 0.3), Replica("m", "c", 0.2)])
+    counts = {"a": 0, "b": 0, "c": 0}
+    for n in range(1, 101):
+        counts[replicas.pick().url] += 1
+        assert all(abs(counts[u] - n * w) <= 1 for u, w in (("a", 0.5), ("b", 0.3), ("c", 0.2)))
+    assert replicas.pick(exclude={"a", "b", "c"}) is None
