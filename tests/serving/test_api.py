@@ -123,3 +123,12 @@ def test_shutdown_drains_in_flight_requests(smollm2_checkpoint) -> None:
     assert answer["usage"]["completion_tokens"] == 60 and answer["choices"][0]["finish_reason"] == "length"
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/health", timeout=2)
+
+
+def test_reprofiling_reads_a_running_servers_telemetry(engine_url: str, client: openai.OpenAI) -> None:
+    from exitplan.profiling.drift import REQUIRED, read_telemetry
+
+    client.completions.create(model=SMOLLM2, prompt="Telemetry, please:", max_tokens=3)
+    frame = read_telemetry(f"{engine_url}/telemetry", window=2)
+    assert len(frame) == 2 and set(REQUIRED) <= set(frame.columns)
+    assert frame["output_tokens"].iloc[-1] == 3 and len(frame["confidences"].iloc[-1]) == 3
