@@ -113,11 +113,10 @@ class ThresholdRouter:
 
 @dataclass
 class CoordinatorStats:
-    """Per-request timings (seconds): the coordinator's own (total minus the replica and the scorer's whole wait),
-    and the scorer's wait."""
+    """The coordinator's own time per request (seconds: total minus the replica and the scorer's whole wait), and
+    the attempts moved to another replica. The scorer keeps its own figures (:class:`~serving.scorer.BatchStats`)."""
 
     overhead: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
-    scorer: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
     retries: int = 0
 
 
@@ -250,7 +249,6 @@ class Coordinator:
         try:
             score, _, scorer_s = (await self.scorer.score(prompt_text(body))) if body.model == self.fleet_name \
                 else (None, 0.0, 0.0)
-            self.stats.scorer.append(scorer_s)  # the scorer's whole wait (queue, batching, model) is its own
             model = self.choose(body, score)
             payload = {**body.model_dump(exclude_none=True), "model": model}
         except BaseException:
@@ -323,6 +321,6 @@ def create_coordinator_app(coordinator: Coordinator, api_key: str | None = None)
                 "overhead_ms": [1000 * x for x in list(s.overhead)[-10_000:]],
                 "replicas": [{"url": r.url, "model": r.model, "served": r.served, "failures": r.failures}
                              for rs in coordinator.replicas.values() for r in rs.replicas],
-                "scorer": vars(coordinator.scorer.stats) | {"sizes": coordinator.scorer.stats.sizes[-50:]}}
+                "scorer": vars(coordinator.scorer.stats) | {"sizes": list(coordinator.scorer.stats.sizes)[-50:]}}
 
     return app

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,7 +59,8 @@ class BatchStats:
     requests: int = 0
     model_seconds: float = 0.0
     wait_seconds: float = 0.0
-    sizes: list[int] = field(default_factory=list)
+    sizes: deque[int] = field(default_factory=lambda: deque(maxlen=1000))
+    """Sizes of the most recent batches."""
 
 
 class BatchingScorer:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import signal
 import subprocess
@@ -156,7 +157,9 @@ def test_fuzzed_requests_never_get_a_5xx(fleet, body, path) -> None:
     if isinstance(body, bytes):
         reply = httpx.post(f"{url}{path}", content=body, headers={"content-type": "application/json"}, timeout=120)
     else:
-        reply = httpx.post(f"{url}{path}", json=body, timeout=120)
+        # json.dumps writes NaN / Infinity as such (not strict JSON): the server must refuse those with a 4xx too
+        reply = httpx.post(f"{url}{path}", content=json.dumps(body), headers={"content-type": "application/json"},
+                           timeout=120)
     assert reply.status_code < 500, (body, reply.text)
 
 
