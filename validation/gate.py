@@ -19,7 +19,8 @@ from typing import Any
 import pandas as pd
 
 from exitplan.atomic import write_json, write_parquet
-from exitplan.config import DEFAULT_PARAMS, Params, load_params
+from exitplan.config import Params
+from exitplan.runtime import stage_params
 from exitplan.tracking import log_stage_run
 from serving.engine.telemetry import REQUEST_COLUMNS
 from validation import suites
@@ -117,5 +118,4 @@ def describe(report: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    params_path = Path(sys.argv[sys.argv.index("--params") + 1]) if "--params" in sys.argv else Path(DEFAULT_PARAMS)
-    print(describe(main(load_params(params_path))))
+    print(describe(main(stage_params("gate", sys.argv[1:]))))

@@ -35,7 +35,7 @@ def label_model(params: Params, name: str, queries: Any) -> Any:
     section = params.label_quality
     checkpoint = params.checkpoint_path(name)
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
-    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=getattr(torch, section.dtype)).eval()
     frame = queries[["dataset", "query_id"]].copy()
     frame["model"] = name
     frame["reference_score"] = reference_scores(model, tokenizer, queries["prompt"].tolist(),

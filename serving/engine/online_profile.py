@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import gc
 import sys
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from exitplan.atomic import write_json, write_parquet
-from exitplan.config import DEFAULT_PARAMS, Params, load_params
+from exitplan.config import Params
 from exitplan.profiling.pht import PerformanceHistoryTable
 from exitplan.quality import chat_prompts, held_out_texts
+from exitplan.runtime import stage_params
 from exitplan.tracking import log_stage_run
 from serving.engine.engine import Engine
 from serving.engine.factory import candidates, engine_config, requests, stop_ids
@@ -89,7 +89,6 @@ def main(params: Params) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    path = Path(sys.argv[sys.argv.index("--params") + 1]) if "--params" in sys.argv else Path(DEFAULT_PARAMS)
-    result = main(load_params(path))
+    result = main(stage_params("online_profile", sys.argv[1:]))
     print(f"online_profile: serving {result['served_model']} at exit {result['served_exit_layer']} "
           f"(breach rate {result['breach_rate']:.3f}) on {result['requests']} requests from {result['source']}")

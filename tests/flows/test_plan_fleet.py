@@ -23,6 +23,7 @@ LLAMA2 = "meta-llama/Llama-2-7b-hf"
 def _small_params(repo: Path) -> dict:
     tree = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
     tree["tracking"]["tracking_uri"] = f"sqlite:///{repo / 'mlflow.db'}"
+    tree["runtime"]["model_threads"] = 1  # tests keep one thread
     tree["fetch_models"]["models"] = [SMOLLM2, MINILM]
     workload = tree["prepare_workload"]
     workload.update(tokenizer_model=SMOLLM2, datasets=["gsm8k", "humaneval"], max_queries_per_dataset=40)

@@ -1,0 +1,50 @@
+"""How a stage that runs the real models uses this machine: its torch threads, and its params from the command line.
+
+Nothing here is a pipeline input: the thread count changes how fast a stage runs, not what it computes (beyond the
+order of floating-point sums), so no stage lists it as a DVC parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from exitplan.config import DEFAULT_PARAMS, Params, load_params
+
+MODEL_STAGES = frozenset({"train_exits", "exit_profile", "label_quality", "online_profile", "gate"})
+"""Stages that run the real models, and so take ``runtime.model_threads`` torch threads."""
+
+
+def use_model_threads(params: Params, stage: str) -> int:
+    """Give ``stage`` its torch threads: ``runtime.model_threads`` for a model stage, else leave them alone.
+
+    Returns:
+        The torch threads in use afterwards.
+    """
+    import torch
+
+    if stage in MODEL_STAGES and torch.get_num_threads() != params.runtime.model_threads:
+        torch.set_num_threads(params.runtime.model_threads)
+    return torch.get_num_threads()
+
+
+def stage_params(stage: str, argv: Sequence[str]) -> Params:
+    """The validated params of a ``python -m`` stage (``--params PATH`` in ``argv``, else params.yaml), with the
+    stage's threads set.
+
+    Raises:
+        ConfigError: if the params file is invalid.
+        ExitplanError: if ``--params`` has no value.
+    """
+    from exitplan.errors import ExitplanError
+
+    args = list(argv)
+    path = Path(DEFAULT_PARAMS)
+    if "--params" in args:
+        at = args.index("--params")
+        if at + 1 >= len(args):
+            raise ExitplanError("--params needs a path")
+        path = Path(args[at + 1])
+    params = load_params(path)
+    use_model_threads(params, stage)
+    return params

@@ -1,0 +1,55 @@
+"""The threads of model stages, and a ``python -m`` stage's params from its command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from exitplan import REPO_ROOT
+from exitplan.errors import ConfigError, ExitplanError
+from exitplan.runtime import MODEL_STAGES, stage_params, use_model_threads
+
+
+@pytest.fixture
+def params_file(tmp_path: Path) -> Path:
+    tree = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    tree["runtime"]["model_threads"] = 2
+    tree["catalog"] = str(REPO_ROOT / "model_repository" / "catalog.yaml")
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_model_stage_takes_its_threads_and_others_keep_theirs(params_file: Path, restore_threads: None) -> None:
+    torch.set_num_threads(1)
+    params = stage_params("plan", ["--params", str(params_file)])
+    assert torch.get_num_threads() == 1  # BoTorch's stage stays on one thread
+    assert use_model_threads(params, "label_quality") == 2
+    assert {"train_exits", "exit_profile", "label_quality", "online_profile", "gate"} == MODEL_STAGES
+
+
+def test_stage_params_reads_the_named_file(params_file: Path, restore_threads: None) -> None:
+    params = stage_params("gate", ["--params", str(params_file)])
+    assert params.runtime.model_threads == 2
+    assert torch.get_num_threads() == 2
+
+
+def test_stage_params_errors_name_the_problem(params_file: Path, tmp_path: Path) -> None:
+    with pytest.raises(ExitplanError, match="--params needs a path"):
+        stage_params("gate", ["--params"])
+    tree = yaml.safe_load(params_file.read_text())
+    tree["runtime"]["model_threds"] = 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(tree))
+    with pytest.raises(ConfigError, match="model_threds"):
+        stage_params("gate", ["--params", str(bad)])
