@@ -352,6 +352,11 @@ class ExitProfileParams(StrictModel):
     early_depth: float = Field(default=0.5, gt=0, le=1)
     """A token "exits early" when it is confident at an exit no deeper than this share of the layers."""
 
+    dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    """Precision of the profiling pass: ``bfloat16`` runs the matrix products under torch's CPU autocast (the
+    weights stay float32; norms and softmax stay float32), as the models are served; float32 is exact. On this
+    CPU (AVX512-BF16) bfloat16 halves the stage, most of which is the vocabulary projection of every exit."""
+
     output_dir: str = "data/exit_profile"
     """Folder of ``profile.parquet`` (per token: model, data set, first confident exit per threshold)."""
 

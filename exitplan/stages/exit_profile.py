@@ -84,6 +84,7 @@ def plot_agreement(curves: list[dict[str, Any]], threshold: float, path: Path) -
 
 def trace_models(params: Params) -> tuple[dict[str, dict[str, Any]], dict[str, np.ndarray], dict[str, bytes]]:
     """Per model: the held-out record of every head kind (one forward pass), each token's data set, its tokenizer."""
+    import torch
     from transformers import AutoTokenizer
 
     from exitplan.earlyexit.checkpoint import read_heads
@@ -100,7 +101,8 @@ def trace_models(params: Params) -> tuple[dict[str, dict[str, Any]], dict[str, n
         heads = {}
         for kind in section.head_kinds:
             exit_layers, heads[kind] = read_heads(model, params.path(params.train_exits.output_dir) / name, kind)
-        traces[name] = trace_kinds(model, chunks, exit_layers, heads, section.confidence)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=section.dtype == "bfloat16"):
+            traces[name] = trace_kinds(model, chunks, exit_layers, heads, section.confidence)
         del model, heads
     return traces, labels, tokenizers
 

@@ -87,3 +87,19 @@ def test_trace_kinds_shares_one_pass_and_matches_the_model(tiny_llama, tmp_path)
     assert np.isnan(ident.final_nll.reshape(3, 12)[:, -1]).all()
     assert np.nanmean(ident.final_nll) == pytest.approx(float(expected), rel=1e-4)
     assert (ident.final_top1 == out.logits.argmax(-1).flatten().numpy()).all()
+
+
+def test_bfloat16_autocast_trace_stays_close_to_float32(smollm2_checkpoint, smollm2_tokenizer) -> None:
+    """exit_profile's bfloat16 mode (CPU autocast) on the real SmolLM2 and real text: the same final tokens almost
+    everywhere and the same perplexity within 3%, while the confidences are those of a bfloat16 pass."""
+    model = EarlyExitLM.from_pretrained(smollm2_checkpoint)
+    text = ("The engine batches requests continuously: sequences join and leave the running batch at every step, "
+            "and each step's tokens exit at the same layer. ") * 4
+    ids = smollm2_tokenizer.encode(text)[:96]
+    chunks = torch.as_tensor(ids).view(2, 48)
+    exact = trace_kinds(model, chunks, [10, 20], {"identity": {}})["identity"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        half = trace_kinds(model, chunks, [10, 20], {"identity": {}})["identity"]
+    assert np.mean(half.final_top1 == exact.final_top1) >= 0.9
+    assert np.exp(np.nanmean(half.final_nll)) == pytest.approx(np.exp(np.nanmean(exact.final_nll)), rel=0.03)
+    assert not np.array_equal(half.confidence, exact.confidence)  # the pass really ran in bfloat16
