@@ -355,7 +355,7 @@ class ExitProfileParams(StrictModel):
     dtype: Literal["float32", "bfloat16"] = "bfloat16"
     """Precision of the profiling pass: ``bfloat16`` runs the matrix products under torch's CPU autocast (the
     weights stay float32; norms and softmax stay float32), as the models are served; float32 is exact. On this
-    CPU (AVX512-BF16) bfloat16 halves the stage, most of which is the vocabulary projection of every exit."""
+    CPU (AVX512-BF16, two threads) the stage took 246 s instead of 339 s, with every observation within 0.02."""
 
     output_dir: str = "data/exit_profile"
     """Folder of ``profile.parquet`` (per token: model, data set, first confident exit per threshold)."""
