@@ -5,11 +5,14 @@ measured by running the models, the router trained on them). The true front is t
 candidate set (fractions on a 1/20 grid x every candidate per model). MOBO (BOUTE's kernel, qLogNEHVI) and random
 search get the same budget of evaluations; the hypervolume (log latency x quality) of their fronts is reported as a
 share of the true one, with the evaluations each needs to reach 95% of it. The SLO for the P95 comparison is the
-quality that routing half the load to the large model gives.
+scenario's quality floor (``min_quality``; if it has none, the quality that routing half the load to the large model
+gives). The full run adds the plain-kernel ablation and a sweep of loads x budgets: the best plan's P95 against the
+RouteLLM-uniform and homogeneous baselines at the same SLO, so the default scenario can be read against its
+neighbours.
 
 Usage:
     python benchmarks/planner.py --quick   # 40 MOBO evaluations (~1-2 min)
-    python benchmarks/planner.py           # 60 evaluations, plus MOBO without BOUTE's structure (the ablation)
+    python benchmarks/planner.py           # 60 evaluations, the plain-kernel ablation, the load x budget sweep
 
 Needs ``make run`` (perf DB, labels). Last line:
 ``RESULT hv_ratio=... seconds=... evals_vs_random=... p95_vs_routellm=... p95_vs_homo=...``.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -27,11 +31,12 @@ import numpy as np
 from common import start  # benchmarks/ is the script's folder, so on sys.path
 
 from exitplan.catalog import load_catalog
+from exitplan.config import Params, PlanScenario
 from exitplan.errors import ExitplanError
 from exitplan.planner.baselines import baselines
 from exitplan.planner.build import problem_from
 from exitplan.planner.mobo import optimise
-from exitplan.planner.problem import best_under, hypervolume, pareto
+from exitplan.planner.problem import PlanProblem, best_under, hypervolume, pareto
 from exitplan.planner.search import exhaustive, random_search
 from exitplan.stages.plan import params_db, router
 
@@ -44,6 +49,39 @@ def evals_to(plans, target: float, ref) -> int | None:
     return None
 
 
+def scenario_problem(params: Params, scenario: PlanScenario, quality: Callable, load: float,
+                     budget: float) -> PlanProblem:
+    """The scenario's problem at another load and budget (same GPUs, perf DB and Q(f))."""
+    catalog = load_catalog(params.path(params.catalog))
+    prices = {g: catalog.gpu(g).price_per_hour for g in scenario.gpus}
+    section = params.plan
+    return problem_from(params_db(params), prices, scenario.gpus, scenario.models, quality, load, budget,
+                        section.metric, section.budget_points, scenario.max_p95_s, section.load_shares)
+
+
+def sweep(params: Params, scenario: PlanScenario, quality: Callable, slo: float) -> None:
+    """Best plan (exhaustive) vs RouteLLM-uniform and homogeneous at ``slo`` over loads x budgets around the
+    scenario's."""
+    print(f"\nsweep at Q >= {slo:.3f}: exhaustive best vs baselines (P95 s; ratio = best / baseline)")
+    print(f"{'req/s':>7}{'$/h':>6}{'front span':>12}{'best':>8}{'routellm':>10}{'homo':>8}{'vs routellm':>13}"
+          f"{'vs homo':>9}")
+    for load in (0.5 * scenario.load_qps, 0.75 * scenario.load_qps, scenario.load_qps, 1.25 * scenario.load_qps):
+        for budget in (scenario.budget_per_hour, 4 / 3 * scenario.budget_per_hour, 2 * scenario.budget_per_hour):
+            try:
+                problem = scenario_problem(params, scenario, quality, load, budget)
+            except ExitplanError:
+                continue
+            truth = exhaustive(problem, params.plan.fraction_steps)
+            front, ours = pareto(truth), best_under(truth, min_quality=slo)
+            found = baselines(problem, slo, steps=params.plan.fraction_steps)
+            cells = [ours, found["routellm-uniform"], found["homogeneous"]]
+            shown = [f"{p.latency:.3f}" if p else "-" for p in cells]
+            ratios = [f"{ours.latency / p.latency:.2f}" if ours and p else "-" for p in cells[1:]]
+            span = front[-1].latency / front[0].latency if front else float("nan")
+            print(f"{load:>7.0f}{budget:>6.1f}{span:>12.2f}{shown[0]:>8}{shown[1]:>10}{shown[2]:>8}{ratios[0]:>13}"
+                  f"{ratios[1]:>9}")
+
+
 def main() -> None:
     args, params = start(__doc__)
     scenario, section = params.plan.scenarios[0], params.plan
@@ -51,11 +89,7 @@ def main() -> None:
         routing = router(params, scenario)
     except ExitplanError as exc:
         sys.exit(f"{exc} (run `make run` first)")
-    catalog = load_catalog(params.path(params.catalog))
-    prices = {g: catalog.gpu(g).price_per_hour for g in scenario.gpus}
-    problem = problem_from(params_db(params), prices, scenario.gpus, scenario.models, routing["quality"],
-                           scenario.load_qps, scenario.budget_per_hour, section.metric, section.budget_points,
-                           scenario.max_p95_s)
+    problem = scenario_problem(params, scenario, routing["quality"], scenario.load_qps, scenario.budget_per_hour)
     started = time.perf_counter()
     truth = exhaustive(problem, section.fraction_steps)
     exhaustive_s = time.perf_counter() - started
@@ -73,7 +107,9 @@ def main() -> None:
         seconds["mobo (plain kernel)"] = plain.seconds
     print(f"scenario {scenario.name}: {scenario.load_qps} req/s, ${scenario.budget_per_hour}/h, GPUs "
           f"{scenario.gpus}; candidates per model {[len(problem.candidates[m]) for m in problem.models]}")
-    print(f"exhaustive: {len(truth)} plans in {exhaustive_s:.1f} s, front of {len(pareto(truth))}; "
+    front = pareto(truth)
+    print(f"exhaustive: {len(truth)} plans in {exhaustive_s:.1f} s, front of {len(front)} spanning "
+          f"{front[-1].latency / front[0].latency:.2f}x in P95; "
           f"Q(f) from {routing['values'].min():.3f} to {routing['values'].max():.3f} (router, held-out)")
     print(f"\n{'search':<22}{'evals':>7}{'HV share':>10}{'evals to 95%':>14}{'seconds':>9}")
     to95 = {}
@@ -84,14 +120,16 @@ def main() -> None:
               f"{str(to95[name]) if to95[name] else '>' + str(len(plans)):>14}"
               f"{seconds.get(name, float('nan')):>9.1f}")
     order = np.argsort(routing["grid"][:, -1])
-    half = float(np.interp(0.5, routing["grid"][order, -1], routing["values"][order]))
-    found = baselines(problem, half, steps=section.fraction_steps)
-    ours = best_under(mobo.plans, min_quality=half)
-    print(f"\nP95 at the SLO Q >= {half:.3f} (${scenario.budget_per_hour}/h): MOBO {ours.latency:.3f} s "
+    slo = scenario.min_quality or float(np.interp(0.5, routing["grid"][order, -1], routing["values"][order]))
+    found = baselines(problem, slo, steps=section.fraction_steps)
+    ours = best_under(mobo.plans, min_quality=slo)
+    print(f"\nP95 at the SLO Q >= {slo:.3f} (${scenario.budget_per_hour}/h): MOBO {ours.latency:.3f} s "
           f"(fractions {np.round(ours.fractions, 2).tolist()}, ${ours.cost:.2f}/h)")
     for name, plan in found.items():
-        print(f"  {name:<40}" + ("cannot meet it" if plan is None else
+        print(f"  {name:<46}" + ("cannot meet it" if plan is None else
                                  f"{plan.latency:.3f} s  ratio {ours.latency / plan.latency:.2f}"))
+    if not args.quick:
+        sweep(params, scenario, routing["quality"], slo)
     hv_ratio = hypervolume(mobo.plans, *ref) / hv_true
     rand95 = to95["random"] or len(rand)
     mobo95 = to95["mobo (BOUTE kernel)"] or budget

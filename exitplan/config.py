@@ -512,6 +512,19 @@ class PlanParams(StrictModel):
     budget_points: int = Field(default=12, ge=2)
     """Budgets of the knapsack grid for mixed-GPU candidates."""
 
+    load_shares: list[float] = Field(default=[0.25, 0.5, 0.75, 1.0], min_length=1)
+    """Shares of the scenario's load at which each model's candidates are enumerated and Pareto-skimmed (their
+    union is kept): a model serves only its routed share, so a layout too small for the whole load can be the
+    best for part of it. Each in (0, 1]."""
+
+    @field_validator("load_shares")
+    @classmethod
+    def _shares_in_unit(cls, shares: list[float]) -> list[float]:
+        bad = [s for s in shares if not 0 < s <= 1]
+        if bad:
+            raise ValueError(f"load shares must lie in (0, 1]; got {bad}")
+        return sorted(set(shares))
+
     evaluations: int = Field(default=40, ge=4)
     """MOBO evaluations (perf-DB look-ups)."""
 

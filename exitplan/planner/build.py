@@ -65,14 +65,15 @@ def quality_function(scores: np.ndarray, qualities: np.ndarray, steps: int) -> t
 
 def problem_from(db: Any, prices: Mapping[str, float], available: Mapping[str, int], models: Sequence[str],
                  quality: Any, load: float, budget: float, metric: str, budget_points: int,
-                 target_latency: float | None) -> PlanProblem:
-    """The co-optimisation problem: candidates per model from the perf DB (knapsack over a budget grid)."""
+                 target_latency: float | None, shares: Sequence[float] = (1.0,)) -> PlanProblem:
+    """The co-optimisation problem: candidates per model from the perf DB (knapsack over a budget grid, at each
+    share of the load the model may be routed)."""
     curves, candidates = {}, {}
     for m in models:
         curves[m] = deployment_curves(db, m, list(prices), metric)
         target = target_latency or float(np.median([c.latency[-1] for c in curves[m].values() if c.capacity]))
         found = mixed_candidates(curves[m], prices, load, available, np.linspace(budget / budget_points, budget,
-                                                                                  budget_points), target)
+                                                                                  budget_points), target, shares)
         candidates[m] = sorted(found, key=lambda c: c.cost)
         if not candidates[m]:
             raise ExitplanError(f"{m}: no deployment fits {dict(available)} GPUs and ${budget}/h")

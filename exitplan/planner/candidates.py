@@ -134,16 +134,23 @@ def knapsack(options: Mapping[str, list[Group]], value: Mapping[Group, float], b
 
 
 def mixed_candidates(curves: Mapping[tuple, LatencyCurve], prices: Mapping[str, float], load: float,
-                     available: Mapping[str, int], budgets: Sequence[float], target: float) -> list[Candidate]:
-    """One candidate per budget of the grid: the groups that carry the most load within ``target`` latency
-    (value of a group = its replicas' summed capacity at ``target``), Pareto-skimmed on (latency at ``load``, $/h)."""
-    options = groups_per_gpu(curves, prices, load, available)
-    value = {g: g.dp * curves[(g.gpu, g.tp, g.pp, g.layers)].max_load(target) for gs in options.values() for g in gs}
-    found = {}
-    for budget in budgets:
-        chosen = knapsack(options, value, budget)
-        if chosen:
-            found[chosen] = Candidate(chosen)
-    singles = [Candidate((g,)) for gs in options.values() for g in gs]
-    points = [(c.latency(load, curves), c.cost, c) for c in [*found.values(), *singles]]
-    return [p[2] for p in skim(points)]
+                     available: Mapping[str, int], budgets: Sequence[float], target: float,
+                     shares: Sequence[float] = (1.0,)) -> list[Candidate]:
+    """Candidates for every share of ``load`` the model may be routed: per share, one per budget of the grid (the
+    groups that carry the most load within ``target`` latency; value of a group = its replicas' summed capacity at
+    ``target``) and the single groups, Pareto-skimmed on (latency at that load, $/h); the union over the shares.
+
+    A model serves only its routed share of the load, so a layout too small for the whole load (one H100 for half
+    of it, say) can be the best deployment of that share; skimming at the whole load alone would drop it.
+    """
+    kept: dict[tuple[Group, ...], Candidate] = {}
+    for share in shares:
+        at = share * load
+        options = groups_per_gpu(curves, prices, at, available)
+        value = {g: g.dp * curves[(g.gpu, g.tp, g.pp, g.layers)].max_load(target)
+                 for gs in options.values() for g in gs}
+        found = [Candidate(chosen) for chosen in (knapsack(options, value, b) for b in budgets) if chosen]
+        singles = [Candidate((g,)) for gs in options.values() for g in gs]
+        for _, _, cand in skim([(c.latency(at, curves), c.cost, c) for c in [*found, *singles]]):
+            kept.setdefault(cand.groups, cand)
+    return list(kept.values())

@@ -151,7 +151,7 @@ def run_scenario(params: Params, scenario: PlanScenario) -> dict[str, Any]:
     prices = {g: catalog.gpu(g).price_per_hour for g in scenario.gpus}
     problem = problem_from(params_db(params), prices, scenario.gpus, scenario.models, routing["quality"],
                            scenario.load_qps, scenario.budget_per_hour, section.metric, section.budget_points,
-                           scenario.max_p95_s)
+                           scenario.max_p95_s, section.load_shares)
     mobo = optimise(problem, section.evaluations, section.initial, section.batch, section.seed, beta=section.beta,
                     max_latency=scenario.max_p95_s, min_quality=scenario.min_quality or None)
     truth = exhaustive(problem, section.fraction_steps)

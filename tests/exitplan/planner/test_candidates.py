@@ -55,3 +55,17 @@ def test_mixed_candidates_trade_cost_for_latency() -> None:
     assert costs == sorted(costs) and all(b < a for a, b in zip(latencies, latencies[1:], strict=False))
     assert any(len({g.gpu for g in c.groups}) > 1 for c in found) or len(found) >= 2
     assert Group("big", 2, 1, 3, 32, 2.7).cost == pytest.approx(16.2)
+
+
+def test_candidates_at_a_share_of_the_load_keep_layouts_too_small_for_all_of_it() -> None:
+    curves = _curves()
+    available, budgets = {"big": 4, "mid": 8, "small": 8}, [3, 6, 9]
+    whole = mixed_candidates(curves, PRICES, 20.0, available, budgets, 1.0)
+    both = mixed_candidates(curves, PRICES, 20.0, available, budgets, 1.0, shares=(0.5, 1.0))
+    assert {c.groups for c in whole} <= {c.groups for c in both}
+    one_big = Candidate((Group("big", 1, 1, 1, 32, 2.7),))
+    assert one_big.latency(20.0, curves) == float("inf")  # one "big" GPU cannot carry the whole load ...
+    assert one_big.groups not in {c.groups for c in whole}
+    assert one_big.groups in {c.groups for c in both}  # ... but is the fastest for half of it within $3/h
+    half = [c for c in both if c.cost <= 3.0]
+    assert min(half, key=lambda c: c.latency(10.0, curves)).groups == one_big.groups
