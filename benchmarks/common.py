@@ -1,9 +1,17 @@
-"""What every benchmark script starts with: its arguments, one torch thread, the repo's params."""
+"""What every benchmark script starts with: its arguments, one torch thread, the repo's params.
+
+Importing it also puts the repository root ahead of ``benchmarks/`` on ``sys.path``: a script's own folder comes
+first, and ``benchmarks/serving.py`` would otherwise shadow the ``serving`` package the engine benchmarks import.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def start(doc: str, extra: dict[str, dict[str, Any]] | None = None) -> tuple[argparse.Namespace, Any]:

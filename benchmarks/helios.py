@@ -92,14 +92,14 @@ def make_requests(batch: list[list[int]], new_tokens: int, stop: frozenset[int])
     return [Request(f"q{i}", p, new_tokens, stop_ids=stop) for i, p in enumerate(batch)]
 
 
-def budget_for(candidate: Candidate, mean_tokens: float) -> int:
-    """Full-depth weights of ``candidate`` + KV for 8 sequences of ``mean_tokens``, measured from its tensors."""
+def budget_for(candidate: Candidate, tokens: float) -> int:
+    """Full-depth weights of ``candidate`` + KV for 8 sequences of ``tokens`` each, measured from its tensors."""
     from exitplan.earlyexit.runner import kv_shape
 
     one, _ = ServedModel.open(candidate, 1, exits=[])
     layer = sum(p.nbytes for p in one.model.model.model.layers[0].parameters())
     weights = one.model.weight_bytes() + layer * (one.num_layers - 1)
-    kv = kv_shape(one.model).bytes_per_token(one.num_layers) * mean_tokens * 8
+    kv = kv_shape(one.model).bytes_per_token(one.num_layers) * tokens * 8
     return int(weights + kv)
 
 
@@ -196,8 +196,10 @@ def main() -> None:
         # batch 1: its throughput does not depend on how many requests it serves, so it gets the first 8
         outcomes.append(run_per_token(c, budget, h.threshold, batch[:8], new_tokens, stop))
         gc.collect()
-    capped = run_engine("full@8", [small], EngineConfig(**base, mode="full", max_num_seqs=8), batch[:8], new_tokens,
-                        stop)
+    # generate holds all 8 at once, so the engine gets room for 8 of the longest (each reserves whole KV blocks)
+    room = budget_for(small, max(len(p) for p in batch[:8]) + new_tokens + h.block_size)
+    capped = run_engine("full@8", [small], EngineConfig(**{**base, "memory_budget_bytes": room}, mode="full",
+                                                        max_num_seqs=8), batch[:8], new_tokens, stop)
     gen_s, gen_tokens = run_generate(small, batch[:8], new_tokens, stop)
     gc.collect()
     ppl = score(large, outcomes)

@@ -44,6 +44,19 @@ class Efficiency(StrictModel):
     link: float = Field(gt=0, le=1)
     """Fraction of the link bandwidth reached by all-reduces."""
 
+    memory_scale: dict[int, float] | None = None
+    """Multiplier on the memory bandwidth by the tokens a step carries (the row count of its GEMMs), interpolated
+    between the given sizes and held at the edge values beyond them. Kernels change regime at small batches (a
+    one-row GEMV streams weights faster than a few-row GEMM); ``profile_device`` fits this for a measured device.
+    ``None``: the same bandwidth at every size (every catalog GPU)."""
+
+    @model_validator(mode="after")
+    def _scale_positive(self) -> Efficiency:
+        bad = {k: v for k, v in (self.memory_scale or {}).items() if k < 1 or v <= 0}
+        if bad:
+            raise ValueError(f"memory_scale needs token counts >= 1 and multipliers > 0; got {bad}")
+        return self
+
     source: str = Field(min_length=1)
     """Where these values came from (a measurement, a paper, or an assumption awaiting calibration)."""
 

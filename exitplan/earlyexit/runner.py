@@ -1,8 +1,10 @@
 """Batched forward passes of an early-exit LM over a paged KV pool: prompts and decode tokens of many sequences.
 
 Tokens of all sequences in a step are packed into one ``N x d`` tensor: the projections and MLPs run once over all
-of them; attention runs per sequence against that sequence's keys and values in the :class:`KVPool` (written first,
-so a sequence's new tokens see each other causally). A sequence's new tokens need not be contiguous positions: the
+of them; every new token's keys and values are written to the :class:`KVPool` first (so a sequence's new tokens see
+each other causally), then attention reads each sequence's context: one padded batched call per layer when every
+sequence brings one token (decode), per sequence otherwise. Where each token reads and writes is worked out once per
+pass, not per layer. A sequence's new tokens need not be contiguous positions: the
 per-token early-exit baseline sends earlier tokens that exited shallower along with the current one, to fill their
 deep KV (EE-LLM's recomputation). The layer maths is the transformers Qwen2/Llama decoder layer's (RMS norm, rotary
 attention with grouped KV heads, gated MLP), reusing the layer's own modules, so outputs equal transformers' own.
@@ -88,6 +90,33 @@ class Timings:
         return sum(self.head_s.values()) / tokens if tokens else 0.0
 
 
+@dataclass
+class Pass:
+    """Where one pass's tokens live, computed once for all its layers.
+
+    Attributes:
+        positions: Position of each new token (``N``).
+        rows: Per work, its tokens' row indices in the packed batch.
+        rope: Rotary cos/sin of the new tokens.
+        write: Pool slot of each new token's keys and values (``N``).
+        tables: Per work, the slots of its whole context.
+        masks: Per work, its causal mask over the context (``None``: the one new token sees everything); empty
+            for a pure decode pass.
+        padded: Pure decode (one new token per work): the context slots padded to the longest (``B x C``; padding
+            repeats the sequence's first slot, always written, so masked reads stay finite), else ``None``.
+        valid: Pure decode: which padded slots are the context (``B x 1 x 1 x C``).
+    """
+
+    positions: torch.Tensor
+    rows: list[torch.Tensor]
+    rope: tuple[torch.Tensor, torch.Tensor]
+    write: torch.Tensor
+    tables: list[torch.Tensor]
+    masks: list[torch.Tensor | None]
+    padded: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
+
+
 class PagedRunner:
     """Runs packed tokens of several sequences through the first layers of ``model`` and an exit, caching KV.
 
@@ -116,50 +145,62 @@ class PagedRunner:
         """Rotary cos/sin for ``positions``, each ``1 x N x head_dim``."""
         return self.inner.rotary_emb(x[None], positions[None])
 
-    def layer(self, slot: int, layer: nn.Module, x: torch.Tensor, positions: torch.Tensor, rows: list[torch.Tensor],
-              works: Sequence[Work], rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def plan(self, works: Sequence[Work], positions: torch.Tensor, rows: list[torch.Tensor],
+             rope: tuple[torch.Tensor, torch.Tensor]) -> Pass:
+        """Where a pass's tokens read and write KV, computed once for all its layers."""
+        tables = [self.pool.slots(list(w.blocks), 0, int(positions[r[-1]]) + 1) for w, r in zip(works, rows,
+                                                                                              strict=True)]
+        write = torch.cat([t[positions[r]] for t, r in zip(tables, rows, strict=True)])
+        if all(len(r) == 1 for r in rows):  # pure decode: one padded batch, one attention call per layer
+            width = max(len(t) for t in tables)
+            padded = torch.stack([F.pad(t, (0, width - len(t)), value=int(t[0])) for t in tables])
+            valid = torch.arange(width)[None, :] < torch.as_tensor([len(t) for t in tables])[:, None]
+            return Pass(positions, rows, rope, write, tables, [], padded, valid[:, None, None, :])
+        masks = []
+        for table, r in zip(tables, rows, strict=True):
+            mine = positions[r]
+            causal = len(r) > 1 or len(table) != int(mine[0]) + 1
+            masks.append(torch.arange(len(table))[None, :] <= mine[:, None] if causal else None)
+        return Pass(positions, rows, rope, write, tables, masks)
+
+    def layer(self, slot: int, layer: nn.Module, x: torch.Tensor, step: Pass) -> torch.Tensor:
         """One decoder layer over packed tokens; their keys and values go to the pool's layer slot ``slot``."""
         residual = x
         h = layer.input_layernorm(x)
-        h = self._attention(slot, layer.self_attn, h, positions, rows, works, rope)
+        h = self._attention(slot, layer.self_attn, h, step)
         x = residual + h
         return x + layer.mlp(layer.post_attention_layernorm(x))
 
-    def _attention(self, slot: int, attn: nn.Module, x: torch.Tensor, positions: torch.Tensor,
-                   rows: list[torch.Tensor], works: Sequence[Work],
-                   rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def _attention(self, slot: int, attn: nn.Module, x: torch.Tensor, step: Pass) -> torch.Tensor:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         n, hd = x.shape[0], attn.head_dim
         q = attn.q_proj(x).view(1, n, -1, hd).transpose(1, 2)
         k = attn.k_proj(x).view(1, n, -1, hd).transpose(1, 2)
         v = attn.v_proj(x).view(n, -1, hd)
-        q, k = apply_rotary_pos_emb(q, k, *rope)
+        q, k = apply_rotary_pos_emb(q, k, *step.rope)
         q, k = q[0].transpose(0, 1), k[0].transpose(0, 1)  # n x heads x hd
+        self.pool.write(slot, step.write, k, v)  # every new token first, so a sequence's new tokens see each other
+        if step.padded is not None:
+            keys, values = self.pool.read(slot, step.padded)  # B x C x kv_heads x hd
+            out = F.scaled_dot_product_attention(q[:, :, None], keys.transpose(1, 2), values.transpose(1, 2),
+                                                 attn_mask=step.valid, scale=attn.scaling, enable_gqa=True)
+            return attn.o_proj(out.reshape(n, -1))
         out = torch.empty_like(q)
-        for index, work in zip(rows, works, strict=True):
-            mine = positions[index]
-            context = int(mine[-1]) + 1
-            table = self.pool.slots(list(work.blocks), 0, context)  # slot of every position of the context
-            self.pool.write(slot, table[mine], k[index], v[index])
+        for index, table, mask in zip(step.rows, step.tables, step.masks, strict=True):
             keys, values = self.pool.read(slot, table)
-            mask = None
-            if len(index) > 1 or context != int(mine[0]) + 1:
-                mask = torch.arange(context)[None, :] <= mine[:, None]
             out[index] = F.scaled_dot_product_attention(
                 q[index].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask,
                 scale=attn.scaling, enable_gqa=True).transpose(0, 1)
         return attn.o_proj(out.reshape(n, -1))
 
     # --- whole passes ----------------------------------------------------------------------------------------------
-    def exit_hidden(self, x: torch.Tensor, slot: int, head: nn.Module | None, positions: torch.Tensor,
-                    rows: list[torch.Tensor], works: Sequence[Work],
-                    rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def exit_hidden(self, x: torch.Tensor, slot: int, head: nn.Module | None, step: Pass) -> torch.Tensor:
         """An exit head's output for hidden states ``x`` (a block head caches its KV in layer slot ``slot``)."""
         if head is None:
             return x
         if isinstance(head, BlockHead):
-            return self.layer(slot, head.layer, head.affine(x), positions, rows, works, rope)
+            return self.layer(slot, head.layer, head.affine(x), step)
         return head(x)
 
     def logits(self, mapped: torch.Tensor) -> torch.Tensor:
@@ -177,7 +218,7 @@ class PagedRunner:
         """
         started = time.perf_counter()
         x, positions, rows = self.embed(works)
-        rope = self.rope(x, positions)
+        step = self.plan(works, positions, rows, self.rope(x, positions))
         last = torch.as_tensor([int(r[-1]) for r in rows])
         slots = {e: upto + i for i, e in enumerate(e for e, h in exits.items() if isinstance(h, BlockHead))}
         out: dict[int, torch.Tensor] = {}
@@ -187,13 +228,13 @@ class PagedRunner:
                 mark = time.perf_counter()
                 head = exits[i]
                 if isinstance(head, BlockHead) or all_positions:
-                    mapped = self.exit_hidden(x, slots.get(i, 0), head, positions, rows, works, rope)
+                    mapped = self.exit_hidden(x, slots.get(i, 0), head, step)
                     out[i] = self.logits(mapped if all_positions else mapped[last])
                 else:
-                    out[i] = self.logits(self.exit_hidden(x[last], 0, head, positions, rows, works, rope))
+                    out[i] = self.logits(self.exit_hidden(x[last], 0, head, step))
                 layer_s -= time.perf_counter() - mark
             if i < upto:
-                x = self.layer(i, self.inner.layers[i], x, positions, rows, works, rope)
+                x = self.layer(i, self.inner.layers[i], x, step)
         total = time.perf_counter() - started
         kind = "prefill" if len(positions) > len(works) else "decode"
         exited = (len(positions) if all_positions else len(works)) * len(exits)

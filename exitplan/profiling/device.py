@@ -80,12 +80,14 @@ def measure(model: Any, batch_sizes: Sequence[int], contexts: Sequence[int], pre
 
 
 def device_entry(device_id: str, flops_per_s: float, bytes_per_s: float, memory_gib: float,
-                 price_per_hour: float, source: str) -> Gpu:
-    """A catalog GPU entry for a fitted device (its peaks are the effective values: efficiency 1)."""
+                 price_per_hour: float, source: str, memory_scale: dict[int, float] | None = None) -> Gpu:
+    """A catalog GPU entry for a fitted device (its peaks are the effective values: efficiency 1; the bandwidth is
+    that of the largest decode batch measured, ``memory_scale`` gives it at smaller ones)."""
     return Gpu(id=device_id, name=f"local device ({device_id})", bf16_tflops=flops_per_s / 1e12,
                hbm_bandwidth_gbps=bytes_per_s / 1e9, memory_gib=memory_gib,
                link=Link(kind="pcie", bandwidth_gbps=1.0, latency_us=10.0), gpus_per_node=1,
-               price_per_hour=price_per_hour, efficiency=Efficiency(compute=1.0, memory=1.0, link=1.0, source=source))
+               price_per_hour=price_per_hour, efficiency=Efficiency(compute=1.0, memory=1.0, link=1.0, source=source,
+                                                                    memory_scale=memory_scale))
 
 
 def _predict(row: dict[str, Any], cost: CostModel) -> float:
@@ -108,7 +110,9 @@ def predict(rows: Sequence[dict[str, Any]], model: Model, device: Gpu, step_over
 
 def fit_device(rows: Sequence[dict[str, Any]], models: dict[str, Model], device_id: str, memory_gib: float,
                price_per_hour: float) -> tuple[Gpu, float, float, dict[str, float]]:
-    """Fit effective FLOP/s, bytes/s, per-step and per-sequence overheads to measured step times (all models).
+    """Fit effective FLOP/s, bytes/s, per-step and per-sequence overheads, and the bandwidth multiplier at each
+    smaller decode batch (``Efficiency.memory_scale``; the largest batch measured is 1) to measured step times (all
+    models).
 
     Args:
         rows: Measured points, each with a ``model`` key naming an entry of ``models``.
@@ -124,20 +128,24 @@ def fit_device(rows: Sequence[dict[str, Any]], models: dict[str, Model], device_
     from scipy.optimize import least_squares
 
     measured = np.asarray([r["seconds"] for r in rows])
+    sizes = sorted({int(r["batch"]) for r in rows if r["kind"] == "decode"})[:-1]
+
+    def entry(x: np.ndarray, source: str) -> Gpu:
+        scale = {**{b: float(np.exp(v)) for b, v in zip(sizes, x[4:], strict=True)}, **({} if not sizes else
+                 {max(int(r["batch"]) for r in rows if r["kind"] == "decode"): 1.0})}
+        return device_entry(device_id, *np.exp(x[:2]), memory_gib, price_per_hour, source, scale or None)
 
     def residual(x: np.ndarray) -> np.ndarray:
-        flops, bandwidth, step, seq = np.exp(x)
-        device = device_entry(device_id, flops, bandwidth, memory_gib, price_per_hour, "fit")
+        device, (step, seq) = entry(x, "fit"), np.exp(x[2:4])
         pred = np.concatenate([predict([r], models[r["model"]], device, step, seq) for r in rows])
         return np.log(pred) - np.log(measured)
 
-    start = np.log([5e10, 1e10, 1e-3, 1e-3])
-    fit = least_squares(residual, start, bounds=(np.log([1e8, 1e8, 1e-6, 1e-7]), np.log([1e15, 1e13, 1.0, 1.0])))
-    flops, bandwidth, step, seq = np.exp(fit.x)
+    start = np.log([5e10, 1e10, 1e-3, 1e-3, *[1.0] * len(sizes)])
+    low, high = np.log([1e8, 1e8, 1e-6, 1e-7, *[0.1] * len(sizes)]), np.log([1e15, 1e13, 1.0, 1.0, *[10] * len(sizes)])
+    fit = least_squares(residual, start, bounds=(low, high))
     errors = np.abs(np.exp(residual(fit.x)) - 1)
     source = (f"fitted by profile_device to {len(rows)} measured step times (median error {np.median(errors):.1%}, "
               f"max {errors.max():.1%})")
-    device = device_entry(device_id, flops, bandwidth, memory_gib, price_per_hour, source)
-    return device, float(step), float(seq), {"median_rel_err": float(np.median(errors)),
-                                              "max_rel_err": float(errors.max())}
-
+    step, seq = np.exp(fit.x[2:4])
+    return entry(fit.x, source), float(step), float(seq), {"median_rel_err": float(np.median(errors)),
+                                                            "max_rel_err": float(errors.max())}

@@ -102,6 +102,7 @@ class CostModel:
     step_overhead_s: float = 1e-3
     seq_overhead_s: float = 0.0
     _c: dict[str, float] = field(init=False, repr=False, compare=False)
+    _scale: tuple[np.ndarray, np.ndarray] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         s, m, g = self.spec, self.spec.model, self.spec.gpu
@@ -126,6 +127,15 @@ class CostModel:
             "act_bytes": float(m.hidden_size * dtype),
             "layers": float(layers),
         })
+        scale = sorted((g.efficiency.memory_scale or {}).items())
+        object.__setattr__(self, "_scale", (np.asarray([k for k, _ in scale], float),
+                                            np.asarray([v for _, v in scale], float)) if scale else None)
+
+    def _bandwidth(self, new_tokens: np.ndarray | float) -> np.ndarray | float:
+        """Memory bytes/s of a step carrying ``new_tokens`` tokens (the device's ``memory_scale`` applied)."""
+        if self._scale is None:
+            return self._c["bytes_per_s"]
+        return self._c["bytes_per_s"] * np.interp(new_tokens, *self._scale)
 
     def _comm(self, tokens: np.ndarray | float) -> np.ndarray | float:
         """TP all-reduces (2 per layer, ring) and PP sends for a step that carries ``tokens`` tokens."""
@@ -152,7 +162,7 @@ class CostModel:
         flops = new_tokens * c["layer_flops"] + sampled * c["head_flops"] + attn_pairs * c["attn_flops"]
         memory = c["weight_bytes"] + (c["head_bytes"] if sampled > 0 else 0.0)
         memory += (kv_tokens_read + new_tokens) * c["kv_bytes"]
-        roofline = max(flops / c["flops_per_s"], memory / c["bytes_per_s"])
+        roofline = max(flops / c["flops_per_s"], memory / float(self._bandwidth(new_tokens)))
         return roofline + float(self._comm(new_tokens)) + self.step_overhead_s + sampled * self.seq_overhead_s
 
     def step_times(self, new_tokens: np.ndarray, attn_pairs: np.ndarray, kv_tokens_read: np.ndarray,
@@ -162,7 +172,7 @@ class CostModel:
         flops = new_tokens * c["layer_flops"] + sampled * c["head_flops"] + attn_pairs * c["attn_flops"]
         head_bytes = np.where(sampled > 0, c["head_bytes"], 0.0)
         memory = c["weight_bytes"] + head_bytes + (kv_tokens_read + new_tokens) * c["kv_bytes"]
-        roofline = np.maximum(flops / c["flops_per_s"], memory / c["bytes_per_s"])
+        roofline = np.maximum(flops / c["flops_per_s"], memory / self._bandwidth(new_tokens))
         return roofline + self._comm(new_tokens) + self.step_overhead_s + sampled * self.seq_overhead_s
 
     def decode_times(self, num_seqs: int, context_sum: float, steps: int) -> np.ndarray:

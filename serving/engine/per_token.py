@@ -113,12 +113,12 @@ class PerTokenEngine:
                 x, positions = x[order], [positions[j] for j in order]
             work = [Work(request.context[:1] * len(positions), positions, request.blocks)]
             rows, pos = [torch.arange(len(positions))], torch.as_tensor(positions)
-            rope = runner.rope(x, pos)
-            x = runner.layer(i, layers[i], x, pos, rows, work, rope)
+            step = runner.plan(work, pos, rows, runner.rope(x, pos))
+            x = runner.layer(i, layers[i], x, step)
             exit_layer = i + 1
             if exit_layer in self.served.heads or exit_layer == self.served.num_layers:
                 head = self.served.heads.get(exit_layer)
-                mapped = runner.exit_hidden(x, self.slot.get(exit_layer, 0), head, pos, rows, work, rope)
+                mapped = runner.exit_hidden(x, self.slot.get(exit_layer, 0), head, step)
                 logits = runner.logits(mapped[-1:])
                 conf = float(confidence_of(logits, self.confidence)[0])
                 if conf >= self.threshold or exit_layer == self.served.num_layers:

@@ -11,18 +11,21 @@ QWEN = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
 
 def test_fit_recovers_the_device_that_made_the_times(catalog) -> None:
     model = catalog.model(QWEN).model_copy(update={"dtype_bytes": 4})
-    truth = device_entry("cpu", 6e10, 1.5e10, 24, 0.1, "truth")
+    scale = {1: 2.5, 2: 1.2, 4: 1.1, 8: 1.0, 16: 1.0}  # one-row GEMV streams faster than small GEMMs
+    truth = device_entry("cpu", 2e11, 1.5e10, 24, 0.1, "truth", scale)
     rows = [{"model": QWEN, "kind": "decode", "layers": L, "batch": b, "context": c, "new_tokens": b}
-            for L in (12, 24) for b in (1, 2, 4, 8, 16, 64) for c in (64, 512)]
+            for L in (12, 24) for b in (1, 2, 4, 8, 16) for c in (64, 512)]
     rows += [{"model": QWEN, "kind": "prefill", "layers": 24, "batch": 1, "context": 0, "new_tokens": n}
              for n in (16, 64, 256, 1024)]
     for row, seconds in zip(rows, predict(rows, model, truth, 2e-3, 5e-4), strict=True):
         row["seconds"] = float(seconds)
     device, step, seq, errors = fit_device(rows, {QWEN: model}, "cpu", 24, 0.1)
     assert errors["max_rel_err"] < 0.01
-    assert device.bf16_tflops == pytest.approx(0.06, rel=0.05)
+    assert device.bf16_tflops == pytest.approx(0.2, rel=0.05)
     assert device.hbm_bandwidth_gbps == pytest.approx(15, rel=0.05)
     assert step == pytest.approx(2e-3, rel=0.2) and seq == pytest.approx(5e-4, rel=0.2)
+    fitted = device.efficiency.memory_scale
+    assert fitted[16] == 1.0 and all(fitted[b] == pytest.approx(scale[b], rel=0.05) for b in (1, 2, 4))
     assert "fitted by profile_device" in device.efficiency.source
 
 

@@ -1,0 +1,37 @@
+"""The cost model's size-dependent memory bandwidth (``Efficiency.memory_scale``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from exitplan.catalog import Catalog, Efficiency
+from exitplan.simulator.cost_model import CostModel, ReplicaSpec
+
+MODEL = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+
+
+def _cost(catalog: Catalog, scale: dict[int, float] | None) -> CostModel:
+    gpu = catalog.gpu("rtx-4090")
+    gpu = gpu.model_copy(update={"efficiency": gpu.efficiency.model_copy(update={"memory_scale": scale})})
+    return CostModel(ReplicaSpec(catalog.model(MODEL), gpu), step_overhead_s=0.0)
+
+
+def test_memory_scale_speeds_up_small_decode_steps_only(catalog: Catalog) -> None:
+    plain, scaled = _cost(catalog, None), _cost(catalog, {1: 2.0, 8: 1.0})
+    one = [plain.step_time(1, 100, 100, 1), scaled.step_time(1, 100, 100, 1)]
+    assert one[1] == pytest.approx(one[0] / 2)  # decode of one token is memory-bound: twice the bandwidth
+    assert scaled.step_time(8, 800, 800, 8) == pytest.approx(plain.step_time(8, 800, 800, 8))
+    assert scaled.step_time(32, 800, 800, 8) == pytest.approx(plain.step_time(32, 800, 800, 8))  # edge value
+    mid = plain.step_time(4.5, 450, 450, 4.5) / scaled.step_time(4.5, 450, 450, 4.5)
+    assert mid == pytest.approx(1.5)  # interpolated between 1 (x2) and 8 (x1)
+    tokens = np.array([1.0, 3.0, 8.0, 20.0])
+    vector = scaled.step_times(tokens, tokens * 100, tokens * 100, tokens)
+    assert vector == pytest.approx([scaled.step_time(n, n * 100, n * 100, n) for n in tokens])
+
+
+@pytest.mark.parametrize("scale", [{0: 1.0}, {1: 0.0}, {4: -2.0}])
+def test_bad_memory_scales_are_refused(scale: dict[int, float]) -> None:
+    with pytest.raises(ValidationError, match="memory_scale"):
+        Efficiency(compute=0.5, memory=0.5, link=0.5, source="test", memory_scale=scale)
