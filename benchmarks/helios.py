@@ -9,12 +9,13 @@ Systems (all in this repo's engine, on this CPU):
 
 Prompts: held-out ShareGPT / GSM8K / HumanEval queries (chat template), capped; greedy decoding. Memory budget for
 every system: the (largest) candidate's full-depth weights + KV for 8 sequences of the prompt set's mean reserved
-length (prompt + output cap). The per-token baseline runs at batch 1, so it serves the first 8 prompts only. The per-token baseline also holds every exit head; it gets their bytes on top (noted).
+length (prompt + output cap). The per-token baseline runs at batch 1, so it serves the first 8 prompts only (4 with
+``--quick``). The per-token baseline also holds every exit head; it gets their bytes on top (noted).
 Quality: perplexity of each system's outputs scored by the full large model, and ROUGE-2 and token agreement against
 the full-depth outputs of the same model.
 
 Usage:
-    python benchmarks/helios.py --quick   # 24 prompts x 16 tokens, the small candidate alone, its budget
+    python benchmarks/helios.py --quick   # 16 prompts x 8 tokens, the small candidate alone, its budget
     python benchmarks/helios.py           # 48 prompts x 32 tokens, both candidates, the large one's budget
 
 Last line: ``RESULT throughput_vs_single_ee=... batch_vs_full=... ppl_delta_rel=...`` (against the baselines on the
@@ -147,9 +148,19 @@ def run_generate(candidate: Candidate, batch, new_tokens, stop) -> tuple[float, 
 
 
 def score(large: Candidate, outcomes: list[Outcome]) -> dict[str, float]:
-    """Perplexity of each system's outputs under the full large model."""
+    """Perplexity of each system's outputs under the full large model (a pair two systems share is scored once)."""
+    import math
+
     model = load_scorer(large.checkpoint)
-    return {f"{o.system}|{o.model}": perplexity(model, [(r.prompt, r.output) for r in o.requests]) for o in outcomes}
+    nll: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = {}
+    out = {}
+    for o in outcomes:
+        pairs = [(tuple(r.prompt), tuple(r.output)) for r in o.requests if r.output]
+        for pair in pairs:
+            if pair not in nll:
+                nll[pair] = math.log(perplexity(model, [pair])) * len(pair[1])
+        out[f"{o.system}|{o.model}"] = math.exp(sum(nll[p] for p in pairs) / sum(len(p[1]) for p in pairs))
+    return out
 
 
 def agreement(a: list[Request], b: list[Request]) -> tuple[float, float]:
@@ -172,7 +183,8 @@ def main() -> None:
         if not (c.exits_dir / INDEX).is_file():
             sys.exit(f"no exit checkpoint for {c.name}: run `make run` first")
     small, large = cands[0], cands[-1]
-    count, new_tokens, max_prompt = (24, 16, 64) if args.quick else (48, 32, 128)
+    count, new_tokens, max_prompt = (16, 8, 48) if args.quick else (48, 32, 128)
+    alone = 4 if args.quick else 8  # prompts the batch-1 per-token baseline serves
     tokenizer = AutoTokenizer.from_pretrained(str(small.checkpoint))
     batch = prompts(params, tokenizer, count, max_prompt)
     stop = frozenset({tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id})
@@ -185,7 +197,9 @@ def main() -> None:
     base = dict(memory_budget_bytes=budget, block_size=h.block_size, threshold=h.threshold,
                 confidence=h.confidence, cbc_window=h.cbc_window, cbc_max=h.cbc_max,
                 profile_requests=min(h.profile_requests, max(count // 3, 1)), reprofile_every=h.reprofile_every)
+    phases, mark = {}, time.perf_counter()
     outcomes = [run_engine("helios", helios_cands, EngineConfig(**base), batch, new_tokens, stop)]
+    phases["helios"], mark = time.perf_counter() - mark, time.perf_counter()
     gc.collect()
     served = max({r.model for r in outcomes[0].requests},
                  key=lambda m: sum(len(r.output) for r in outcomes[0].requests if r.model == m))
@@ -193,16 +207,19 @@ def main() -> None:
     for c in dict.fromkeys([same, *([] if args.quick else cands)]):
         outcomes.append(run_engine("full", [c], EngineConfig(**base, mode="full"), batch, new_tokens, stop))
         gc.collect()
-        # batch 1: its throughput does not depend on how many requests it serves, so it gets the first 8
-        outcomes.append(run_per_token(c, budget, h.threshold, batch[:8], new_tokens, stop))
+        # batch 1: its throughput does not depend on how many requests it serves, so it gets the first few
+        outcomes.append(run_per_token(c, budget, h.threshold, batch[:alone], new_tokens, stop))
         gc.collect()
+    phases["baselines"], mark = time.perf_counter() - mark, time.perf_counter()
     # generate holds all 8 at once, so the engine gets room for 8 of the longest (each reserves whole KV blocks)
     room = budget_for(small, max(len(p) for p in batch[:8]) + new_tokens + h.block_size)
     capped = run_engine("full@8", [small], EngineConfig(**{**base, "memory_budget_bytes": room}, mode="full",
                                                         max_num_seqs=8), batch[:8], new_tokens, stop)
     gen_s, gen_tokens = run_generate(small, batch[:8], new_tokens, stop)
     gc.collect()
+    phases["batch-8 vs generate"], mark = time.perf_counter() - mark, time.perf_counter()
     ppl = score(large, outcomes)
+    phases["scoring"] = time.perf_counter() - mark
     helios = outcomes[0]
     print(f"\n{'system':<14}{'model':<28}{'tok/s':>8}{'TPOT ms':>9}{'max batch':>10}{'loads':>6}{'switch':>7}"
           f"{'ppl(large)':>11}{'ROUGE-2':>9}{'agree':>7}")
@@ -222,7 +239,9 @@ def main() -> None:
     ee = next(o for o in outcomes if o.system == "per-token EE" and o.model == served)
     full = full_of[served]
     ppl_delta = ppl[f"helios|{helios.model}"] / ppl[f"full|{served}"] - 1
-    print(f"full depth in this engine at batch 8: {capped.throughput:.2f} tok/s; transformers generate at batch 8: "
+    print("seconds per phase: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
+    print(f"full depth in this engine at batch {capped.max_batch}: {capped.throughput:.2f} tok/s; transformers "
+          f"generate at batch 8: "
           f"{gen_tokens / gen_s:.2f} tok/s; ratio {capped.throughput / (gen_tokens / gen_s):.2f}")
     print(f"ratios vs {served}: throughput vs per-token EE {helios.throughput / ee.throughput:.2f} (target 1.48), "
           f"vs full {helios.throughput / full.throughput:.2f}; batch vs full {helios.max_batch / full.max_batch:.2f} "
