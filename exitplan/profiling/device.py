@@ -128,12 +128,12 @@ def fit_device(rows: Sequence[dict[str, Any]], models: dict[str, Model], device_
     from scipy.optimize import least_squares
 
     measured = np.asarray([r["seconds"] for r in rows])
-    sizes = sorted({int(r["batch"]) for r in rows if r["kind"] == "decode"})[:-1]
+    decode = sorted({int(r["batch"]) for r in rows if r["kind"] == "decode"})
+    sizes = decode[:-1]  # the largest decode batch is the reference (multiplier 1)
 
     def entry(x: np.ndarray, source: str) -> Gpu:
-        scale = {**{b: float(np.exp(v)) for b, v in zip(sizes, x[4:], strict=True)}, **({} if not sizes else
-                 {max(int(r["batch"]) for r in rows if r["kind"] == "decode"): 1.0})}
-        return device_entry(device_id, *np.exp(x[:2]), memory_gib, price_per_hour, source, scale or None)
+        scale = {**dict(zip(sizes, np.exp(x[4:]).tolist(), strict=True)), decode[-1]: 1.0} if sizes else None
+        return device_entry(device_id, *np.exp(x[:2]), memory_gib, price_per_hour, source, scale)
 
     def residual(x: np.ndarray) -> np.ndarray:
         device, (step, seq) = entry(x, "fit"), np.exp(x[2:4])
