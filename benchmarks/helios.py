@@ -29,6 +29,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from functools import cache
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -93,15 +94,22 @@ def make_requests(batch: list[list[int]], new_tokens: int, stop: frozenset[int])
     return [Request(f"q{i}", p, new_tokens, stop_ids=stop) for i, p in enumerate(batch)]
 
 
-def budget_for(candidate: Candidate, tokens: float) -> int:
-    """Full-depth weights of ``candidate`` + KV for 8 sequences of ``tokens`` each, measured from its tensors."""
+@cache
+def footprint(candidate: Candidate) -> tuple[int, int]:
+    """Full-depth weight bytes of ``candidate`` and its KV bytes per token, measured from its tensors (one
+    1-layer open per candidate)."""
     from exitplan.earlyexit.runner import kv_shape
 
     one, _ = ServedModel.open(candidate, 1, exits=[])
     layer = sum(p.nbytes for p in one.model.model.model.layers[0].parameters())
-    weights = one.model.weight_bytes() + layer * (one.num_layers - 1)
-    kv = kv_shape(one.model).bytes_per_token(one.num_layers) * tokens * 8
-    return int(weights + kv)
+    return one.model.weight_bytes() + layer * (one.num_layers - 1), kv_shape(one.model).bytes_per_token(
+        one.num_layers)
+
+
+def budget_for(candidate: Candidate, tokens: float) -> int:
+    """Full-depth weights of ``candidate`` + KV for 8 sequences of ``tokens`` each."""
+    weights, kv_per_token = footprint(candidate)
+    return int(weights + kv_per_token * tokens * 8)
 
 
 def run_engine(system: str, candidates: list[Candidate], config: EngineConfig, batch, new_tokens, stop) -> Outcome:
