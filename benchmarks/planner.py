@@ -1,22 +1,29 @@
-"""BOUTE's co-optimiser on the default scenario: MOBO vs the exhaustive front, random search and the baselines.
+"""BOUTE's co-optimiser on one scenario: MOBO vs the reference front, random search and the baselines.
 
-The problem is the ``plan`` stage's first scenario (the real Qwen pair: perf DB of simulated GPUs, quality labels
-measured by running the models, the router trained on them). The true front is the exhaustive search over the
-candidate set (fractions on a 1/20 grid x every candidate per model). MOBO (BOUTE's kernel, qLogNEHVI) and random
-search get the same budget of evaluations; the hypervolume (log latency x quality) of their fronts is reported as a
-share of the true one, with the evaluations and seconds each needs to reach 95% of it (a random evaluation is one
-uncached perf-DB look-up; a MOBO round also fits the GPs and maximises the acquisition). The SLO for the P95 comparison is the
-scenario's quality floor (``min_quality``; if it has none, the quality that routing half the load to the large model
-gives). The full run adds the plain-kernel ablation and a sweep of loads x budgets: the best plan's P95 against the
-RouteLLM-uniform and homogeneous baselines at the same SLO, so the default scenario can be read against its
-neighbours.
+The problem is one of the ``plan`` stage's scenarios (``--scenario``; default the first, the real Qwen pair):
+the perf DB of simulated GPUs, the scenario's quality labels (measured here for the Qwen pair, imported AlpacaEval
+judge preferences for the Llama-2 family) and the router trained on them. The reference front is the exhaustive
+search over the candidate set (fractions on a 1/``fraction_steps`` grid x every candidate per model), exact at any
+K because it decomposes per fraction vector (exitplan/planner/search.py; its seconds are printed). MOBO (BOUTE's
+kernel, qLogNEHVI, plans that cannot carry their load modelled by a headroom GP and an outcome constraint) and
+random search get the same budget of evaluations; the hypervolume (log latency x quality) of their fronts is a
+share of the reference's, with the evaluations and seconds each needs to reach 95% of it (a random evaluation is
+one uncached perf-DB look-up; a MOBO round also fits the GPs and maximises the acquisition). MOBO with the first
+design's penalty (an infeasible plan = twice the worst latency) runs beside it, with how many of each one's
+proposals could not carry the load. The SLO for the P95 comparison is the scenario's quality floor
+(``min_quality``; if it has none, the quality that routing half the load to the large model gives); the baselines
+are the largest model alone, RouteLLM-uniform (fractions optimised, the budget split evenly between the models) and
+homogeneous on one GPU type (``--homo-gpu``, default the scenario's first). The full run adds the plain-kernel
+ablation and a sweep of loads x budgets.
 
 Usage:
-    python benchmarks/planner.py --quick   # 40 MOBO evaluations (~1-2 min)
-    python benchmarks/planner.py           # 60 evaluations, the plain-kernel ablation, the load x budget sweep
+    python benchmarks/planner.py --quick [--scenario llama2-boute]   # 40 MOBO evaluations (~1 min)
+    python benchmarks/planner.py [--scenario ...]   # 60 evaluations, the plain-kernel ablation, the sweep
 
-Needs ``make run`` (perf DB, labels). Last line:
-``RESULT hv_ratio=... seconds=... evals_vs_random=... p95_vs_routellm=... p95_vs_homo=...``.
+Needs ``make run`` (perf DB, labels). Last line: ``RESULT hv_ratio=... seconds=... evals_vs_random=...
+p95_vs_routellm=... p95_vs_homo=... p95_vs_single=... infeasible_share=...`` (a ratio is ``nan`` when the
+baseline cannot meet the SLO at all; ``infeasible_share``: the grid's plans within budget that cannot carry the
+load).
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from exitplan.planner.baselines import baselines
 from exitplan.planner.build import problem_from
 from exitplan.planner.mobo import optimise
 from exitplan.planner.problem import PlanProblem, best_under, hypervolume, pareto
-from exitplan.planner.search import exhaustive, random_search
+from exitplan.planner.search import census, exhaustive, fastest, fraction_grid, random_search
 from exitplan.stages.plan import params_db, router
 
 
@@ -92,9 +99,56 @@ def random_seconds(params: Params, scenario: PlanScenario, routing: dict, evalua
     return time.perf_counter() - started
 
 
+def pick_scenario(params: Params, name: str | None) -> PlanScenario:
+    """The scenario called ``name`` (default: the first), or exit naming the known ones."""
+    scenarios = {sc.name: sc for sc in params.plan.scenarios}
+    if name is None:
+        return params.plan.scenarios[0]
+    if name not in scenarios:
+        sys.exit(f"no scenario {name!r} in params.yaml; known: {sorted(scenarios)}")
+    return scenarios[name]
+
+
+def search_table(runs: dict, clocks: dict, seconds: dict, hv_true: float, ref: tuple, budget: int,
+                 timer: Callable[[int], float]) -> dict[str, int | None]:
+    """Print each search's HV share, evaluations and seconds to 95%, and proposals that cannot carry the load;
+    returns the evaluations to 95% per search."""
+    print(f"\n{'search':<24}{'evals':>7}{'HV share':>10}{'evals to 95%':>14}{'s to 95%':>10}{'seconds':>9}"
+          f"{'cannot carry':>14}")
+    to95 = {}
+    for name, plans in runs.items():
+        shown = plans[:budget]
+        to95[name] = evals_to(plans, 0.95 * hv_true, ref)
+        reached = clocks[name][to95[name] - 1] if name in clocks and to95[name] else None
+        if name == "random" and to95[name]:
+            reached = timer(to95[name])
+        at = f"{reached:.3f}" if reached is not None else "-"
+        stuck = sum(not np.isfinite(p.latency) for p in shown)
+        print(f"{name:<24}{len(shown):>7}{hypervolume(shown, *ref) / hv_true:>10.3f}"
+              f"{str(to95[name]) if to95[name] else '>' + str(len(plans)):>14}{at:>10}{seconds[name]:>9.3f}"
+              f"{stuck:>9} of {len(shown):<3}")
+    return to95
+
+
+def describe_plan(problem: PlanProblem, plan) -> str:
+    """Fractions and GPU groups per model of a plan."""
+    parts = []
+    for m, c, f in zip(problem.models, plan.choice, plan.fractions, strict=True):
+        if f >= 1e-3:
+            groups = " + ".join(f"{g.dp}x{g.gpu} tp{g.tp} pp{g.pp}" for g in problem.candidates[m][c].groups)
+            parts.append(f"{m.split('/')[-1]} {f:.2f} on {groups}")
+    return "; ".join(parts)
+
+
+def ratio(ours, baseline) -> float:
+    """Our P95 over the baseline's (nan when the baseline cannot meet the SLO)."""
+    return ours.latency / baseline.latency if ours and baseline else float("nan")
+
+
 def main() -> None:
-    args, params = start(__doc__)
-    scenario, section = params.plan.scenarios[0], params.plan
+    args, params = start(__doc__, {"--scenario": {"default": None, "help": "scenario name (default: the first)"},
+                                   "--homo-gpu": {"default": None, "help": "GPU type of the homogeneous baseline"}})
+    scenario, section = pick_scenario(params, args.scenario), params.plan
     try:
         routing = router(params, scenario)
     except ExitplanError as exc:
@@ -103,56 +157,63 @@ def main() -> None:
     started = time.perf_counter()
     truth = exhaustive(problem, section.fraction_steps)
     exhaustive_s = time.perf_counter() - started
+    counted = census(problem, section.fraction_steps)
     finite = [p for p in truth if np.isfinite(p.latency)]
     ref = (max(p.latency for p in finite) * 1.05, min(p.quality for p in finite) - 0.005)
     hv_true = hypervolume(truth, *ref)
     budget = 40 if args.quick else 60
-    mobo = optimise(problem, budget, section.initial, section.batch, section.seed, beta=section.beta)
+    floor = scenario.min_quality or None
+    mobo = optimise(problem, budget, section.initial, section.batch, section.seed, beta=section.beta,
+                    feasibility="constraint")
+    penalty = optimise(problem, budget, section.initial, section.batch, section.seed, beta=section.beta,
+                       feasibility="penalty")
     rand = random_search(problem, budget * 10, seed=section.seed)
-    runs = {"mobo (BOUTE kernel)": mobo.plans, "random": rand}
-    seconds = {"mobo (BOUTE kernel)": mobo.seconds, "random": random_seconds(params, scenario, routing, budget)}
-    clocks = {"mobo (BOUTE kernel)": mobo.history_s}
+    runs = {"mobo (constraint)": mobo.plans, "mobo (penalty)": penalty.plans, "random": rand}
+    seconds = {"mobo (constraint)": mobo.seconds, "mobo (penalty)": penalty.seconds,
+               "random": random_seconds(params, scenario, routing, budget)}
+    clocks = {"mobo (constraint)": mobo.history_s, "mobo (penalty)": penalty.history_s}
     if not args.quick:
         plain = optimise(problem, budget, section.initial, section.batch, section.seed, structured=False)
-        runs["mobo (plain kernel)"] = plain.plans
-        seconds["mobo (plain kernel)"] = plain.seconds
+        runs["mobo (plain kernel)"], seconds["mobo (plain kernel)"] = plain.plans, plain.seconds
         clocks["mobo (plain kernel)"] = plain.history_s
     print(f"scenario {scenario.name}: {scenario.load_qps} req/s, ${scenario.budget_per_hour}/h, GPUs "
-          f"{scenario.gpus}; candidates per model {[len(problem.candidates[m]) for m in problem.models]}")
+          f"{scenario.gpus}; models {problem.models}; candidates per model "
+          f"{[len(problem.candidates[m]) for m in problem.models]}")
     front = pareto(truth)
-    print(f"exhaustive: {len(truth)} plans in {exhaustive_s:.1f} s, front of {len(front)} spanning "
-          f"{front[-1].latency / front[0].latency:.2f}x in P95; "
-          f"Q(f) from {routing['values'].min():.3f} to {routing['values'].max():.3f} (router, held-out)")
-    print(f"\n{'search':<22}{'evals':>7}{'HV share':>10}{'evals to 95%':>14}{'s to 95%':>10}{'seconds':>9}")
-    to95 = {}
-    for name, plans in runs.items():
-        shown = plans[:budget]
-        to95[name] = evals_to(plans, 0.95 * hv_true, ref)
-        reached = clocks[name][to95[name] - 1] if name in clocks and to95[name] else None
-        if name == "random" and to95[name]:
-            reached = random_seconds(params, scenario, routing, to95[name])
-        at = f"{reached:.3f}" if reached is not None else "-"
-        print(f"{name:<22}{len(shown):>7}{hypervolume(shown, *ref) / hv_true:>10.3f}"
-              f"{str(to95[name]) if to95[name] else '>' + str(len(plans)):>14}{at:>10}{seconds[name]:>9.3f}")
+    print(f"reference front (exhaustive, decomposed per fraction vector): {counted.plans} plans within budget and "
+          f"GPUs, {counted.cannot_carry} of them ({counted.infeasible_share:.1%}) cannot carry the load; "
+          f"{exhaustive_s:.2f} s; front of {len(front)} spanning {front[-1].latency / front[0].latency:.2f}x in P95")
+    print(f"Q(f) (router, held-out) from {routing['values'].min():.3f} to {routing['values'].max():.3f}")
+    print(f"{'P95 s':>9}{'quality':>9}{'$/h':>7}  plan")
+    for plan in front:
+        print(f"{plan.latency:>9.3f}{plan.quality:>9.3f}{plan.cost:>7.2f}  {describe_plan(problem, plan)}")
+    to95 = search_table(runs, clocks, seconds, hv_true, ref, budget,
+                        lambda n: random_seconds(params, scenario, routing, n))
     order = np.argsort(routing["grid"][:, -1])
-    slo = scenario.min_quality or float(np.interp(0.5, routing["grid"][order, -1], routing["values"][order]))
+    slo = floor or float(np.interp(0.5, routing["grid"][order, -1], routing["values"][order]))
     found = baselines(problem, slo, steps=section.fraction_steps)
+    homo_gpu = args.homo_gpu or next(iter(scenario.gpus))
+    homo = best_under([p for p in fastest(problem, fraction_grid(len(problem.models), section.fraction_steps),
+                                          lambda i, c: all(g.gpu == homo_gpu for g in
+                                                           problem.candidates[problem.models[i]][c].groups))],
+                      min_quality=slo)
     ours = best_under(mobo.plans, min_quality=slo)
-    print(f"\nP95 at the SLO Q >= {slo:.3f} (${scenario.budget_per_hour}/h): MOBO {ours.latency:.3f} s "
-          f"(fractions {np.round(ours.fractions, 2).tolist()}, ${ours.cost:.2f}/h)")
-    for name, plan in found.items():
+    single = found[f"single-{problem.models[-1]}"]
+    print(f"\nP95 at the SLO Q >= {slo:.3f} (${scenario.budget_per_hour}/h, {scenario.load_qps} req/s):")
+    print(f"  {'MOBO (chosen plan)':<46}" + ("none meets it" if ours is None else
+                                             f"{ours.latency:.3f} s  {describe_plan(problem, ours)}"))
+    shown = {**found, f"homogeneous-{homo_gpu}": homo}
+    for name, plan in shown.items():
         print(f"  {name:<46}" + ("cannot meet it" if plan is None else
-                                 f"{plan.latency:.3f} s  ratio {ours.latency / plan.latency:.2f}"))
+                                 f"{plan.latency:.3f} s  ratio {ratio(ours, plan):.2f}  {describe_plan(problem, plan)}"))
     if not args.quick:
         sweep(params, scenario, routing["quality"], slo)
     hv_ratio = hypervolume(mobo.plans, *ref) / hv_true
     rand95 = to95["random"] or len(rand)
-    mobo95 = to95["mobo (BOUTE kernel)"] or budget
-    routellm, homo = found["routellm-uniform"], found["homogeneous"]
-    p95_r = ours.latency / routellm.latency if routellm else float("nan")
-    p95_h = ours.latency / homo.latency if homo else float("nan")
+    mobo95 = to95["mobo (constraint)"] or budget
     print(f"RESULT hv_ratio={hv_ratio:.3f} seconds={mobo.seconds:.1f} evals_vs_random={rand95 / mobo95:.2f} "
-          f"p95_vs_routellm={p95_r:.3f} p95_vs_homo={p95_h:.3f}")
+          f"p95_vs_routellm={ratio(ours, found['routellm-uniform']):.3f} p95_vs_homo={ratio(ours, homo):.3f} "
+          f"p95_vs_single={ratio(ours, single):.3f} infeasible_share={counted.infeasible_share:.3f}")
 
 
 if __name__ == "__main__":

@@ -215,10 +215,26 @@ def stage_label_quality(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
                   + f" ({m['queries']} queries, {m['seconds']:.0f} s)")
 
 
+@stage_app.command("import-labels")
+def stage_import_labels(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
+    """Import per-query labels, prompts and answer lengths from AlpacaEval annotation files (a judge's
+    preferences)."""
+    loaded, m = _run_stage("import_labels", params)
+    if m["skipped"]:
+        console.print(f"import_labels: skipped - {m['skipped']}")
+        return
+    for model, row in m["models"].items():
+        console.print(f"{model}: {row['rows']} labels, mean {row['mean_quality']:.3f} ({row['no_verdict']} without "
+                      f"a verdict, {row['draws']} draws), answers median {row['output_len_median']:.0f} tokens")
+    console.print(f"tokens counted with {m['tokenizer_proxy']} (proxy): {m['chars_per_token']['prompts']:.2f} "
+                  f"chars/token on prompts, {m['chars_per_token']['answers']:.2f} on answers -> "
+                  f"{loaded.import_labels.output_dir}")
+
+
 @stage_app.command("plan")
 def stage_plan(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
     """Co-optimise routing and deployment per scenario (BOUTE); register the first scenario's plan."""
-    _, result = _run_stage("plan", params)
+    loaded, result = _run_stage("plan", params)
     for name, plan in result["plans"].items():
         console.print(f"{name}: P95 {plan['predicted_p95_s']:.3f} s, quality {plan['predicted_quality']:.3f}, "
                       f"${plan['cost_per_hour']:.2f}/h, fractions "
@@ -226,8 +242,10 @@ def stage_plan(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
                       f"{plan['mobo_seconds']:.0f} s)")
     for name, why in result["skipped"].items():
         console.print(f"{name}: skipped - {why}")
-    if result["version"]:
-        console.print(f"registered as version {result['version']} (alias challenger)")
+    for name, version in result.get("versions", {}).items():
+        if version:
+            console.print(f"{name}: registered as {loaded.plan.registered_name(name)} version {version} (alias "
+                          f"challenger)")
 
 
 @app.command("promote")

@@ -218,7 +218,12 @@ class BuildPerfDbParams(StrictModel):
     """Requests simulated at each grid point: enough for a stable P99. Cost: about 0.1 s per point."""
 
     lengths_trace: str = "gsm8k-100qps"
-    """Trace of ``prepare_workload.traces`` whose (prompt, output) lengths the requests are drawn from."""
+    """Trace of ``prepare_workload.traces`` whose (prompt, output) lengths the requests are drawn from (for the
+    models ``model_lengths`` does not cover)."""
+
+    model_lengths: str | None = "data/imported_labels/lengths.parquet"
+    """Per-model (prompt, output) lengths (``import_labels``' real answer lengths): a model with rows there is
+    simulated with its own lengths instead of ``lengths_trace``'s (null: ``lengths_trace`` for every model)."""
 
     max_gpus_per_replica: int = Field(default=8, ge=1, le=64)
     """Largest TP x PP of one replica."""
@@ -462,6 +467,37 @@ class LabelQualityParams(StrictModel):
     """Folder of ``labels.parquet``."""
 
 
+class AnnotationFile(StrictModel):
+    """One model's AlpacaEval annotation file, pinned by its SHA-256 (the stage refuses a file that differs)."""
+
+    name: str = Field(pattern=r"^[^/\\.][^/\\]*$")
+    """File name inside ``import_labels.source_dir`` (a plain name)."""
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """SHA-256 of the file: what the stage's outputs were built from (DVC re-runs the stage when it changes)."""
+
+
+class ImportLabelsParams(StrictModel):
+    """Stage ``import_labels``: per-query labels of models that cannot run here, from AlpacaEval annotation files
+    (a judge's preferences on the chat fine-tunes of the catalog's Llama-2 architectures; see
+    ``exitplan/routing/alpaca_eval.py``). Token counts use ``prepare_workload.tokenizer_model`` as a proxy.
+
+    The folder lies outside the checkout and may be absent, so it is not a DVC dependency: each file is pinned
+    here by its SHA-256 instead, which makes the stage re-run when a pin changes and refuse a file that no longer
+    matches its pin."""
+
+    source_dir: str = "../shared/labels/alpaca_eval"
+    """Folder of the annotation files (relative to params.yaml). When it is absent the stage writes empty tables
+    and the scenarios that need these labels are skipped, naming it."""
+
+    files: dict[str, AnnotationFile] = Field(default_factory=dict)
+    """Catalog model -> its annotation file (AlpacaEval's ``results/<model>/alpaca_eval_gpt4/annotations.json``)."""
+
+    output_dir: str = "data/imported_labels"
+    """Folder of ``labels.parquet`` (the ``label_quality`` rows), ``queries.parquet`` (the prompts) and
+    ``lengths.parquet`` (each model's real answer lengths, for the perf DB)."""
+
+
 class PlanScenario(StrictModel):
     """One co-optimisation scenario: models, GPUs, budget, load and SLO."""
 
@@ -537,6 +573,11 @@ class PlanParams(StrictModel):
     beta: float = Field(default=1.0, ge=0)
     """GPU-preference strength of the deployment kernel."""
 
+    feasibility: Literal["constraint", "penalty"] = "constraint"
+    """How MOBO treats plans that cannot carry their load: ``constraint`` models their headroom (log capacity /
+    load) with a GP and constrains qLogNEHVI to headroom >= 0 (masking the pool to likely feasible plans);
+    ``penalty`` counts them as twice the worst latency (the first design, kept for comparison)."""
+
     seed: int = Field(default=0, ge=0)
     """Seed of the router split, the Sobol design and the MC samplers."""
 
@@ -545,6 +586,11 @@ class PlanParams(StrictModel):
 
     output_dir: str = "data/plan"
     """Folder of the fronts and plans."""
+
+    def registered_name(self, scenario: str) -> str:
+        """The MLflow registered model of a scenario's plans: ``registered_model`` for the first (promoted)
+        scenario, ``<registered_model>-<scenario>`` for the others."""
+        return self.registered_model if scenario == self.scenarios[0].name else f"{self.registered_model}-{scenario}"
 
 
 class HeliosParams(StrictModel):
@@ -779,6 +825,9 @@ class Params(StrictModel):
 
     label_quality: LabelQualityParams
     """Stage ``label_quality``."""
+
+    import_labels: ImportLabelsParams = Field(default_factory=ImportLabelsParams)
+    """Stage ``import_labels``."""
 
     plan: PlanParams
     """Stage ``plan``."""

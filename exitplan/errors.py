@@ -60,3 +60,7 @@ class GateFailed(ExitplanError):
         self.failures = failures
         lines = "\n".join(f"  - {f}" for f in failures)
         super().__init__(f"{what}: {len(failures)} failed expectation(s); the champion is unchanged\n{lines}")
+
+
+class LabelsNotFound(ExitplanError):
+    """A scenario's models have no quality labels (an optional scenario is then skipped, naming what to supply)."""

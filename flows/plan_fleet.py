@@ -1,6 +1,7 @@
 """Flow ``plan_fleet``: the planning pipeline, stage by stage through DVC.
 
-Validate params -> fetch the embedded models -> prepare the workloads -> build the perf DB (simulation) -> train
+Validate params -> fetch the embedded models -> prepare the workloads -> import the labels of models that cannot
+run here (AlpacaEval annotations, when present) -> build the perf DB (simulation) -> train
 exit heads -> exit profile -> device profile -> candidate selection -> quality labels -> co-optimised plan (MLflow
 alias ``challenger``) -> HELIOS online profiling (the PHT) -> gates -> promotion (alias ``champion``). Each stage runs
 only if DVC finds it stale, so a re-run after a failure does only what is missing.
@@ -16,7 +17,7 @@ from exitplan.pipeline import ReproResult
 from tasks.pipeline import check_config, repro_stage, summarize
 from tasks.reprofile import promote_plan
 
-STAGES = ("fetch_models", "prepare_workload", "build_perf_db", "train_exits", "exit_profile", "profile_device",
+STAGES = ("fetch_models", "prepare_workload", "import_labels", "build_perf_db", "train_exits", "exit_profile", "profile_device",
           "select_candidates", "label_quality", "plan", "online_profile", "gate")
 """The file-to-file stages of dvc.yaml, in order."""
 

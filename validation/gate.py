@@ -67,6 +67,38 @@ def data_suites(params: Params, plan: dict[str, Any]) -> list[SuiteResult]:
     return results
 
 
+def not_served(params: Params, deployed: list[str]) -> str | None:
+    """What the served-quality gate cannot check for these models (None when every one runs here)."""
+    from validation.quality import runnable
+
+    missing = [m for m in deployed if m not in runnable(params, deployed)]
+    if not missing:
+        return None
+    return (f"served quality not measured for {missing}: no checkpoint runs here (simulated only); the gate vouches "
+            f"for their inputs, not for how they serve")
+
+
+def other_scenario(params: Params, name: str) -> dict[str, Any] | None:
+    """The data suites of a scenario that is not promoted (its plan, the imported labels and lengths it rests on,
+    the perf DB); ``None`` when the plan stage skipped it."""
+    path = params.path(params.plan.output_dir) / name / "plan.json"
+    if not path.is_file():
+        return None
+    plan = json.loads(path.read_text())
+    gates, imported = params.gates, params.path(params.import_labels.output_dir)
+    results = [validate("perf_db", pd.read_parquet(params.path(params.build_perf_db.output_dir) /
+                                                   "perf_db.parquet"), suites.perf_db(gates)),
+               validate("imported_labels", pd.read_parquet(imported / "labels.parquet"),
+                        suites.imported_labels(gates)),
+               validate("imported_lengths", pd.read_parquet(imported / "lengths.parquet"),
+                        suites.imported_lengths(gates)),
+               validate("plan", plan_frame(plan), suites.plan(gates))]
+    deployed = [m["model"] for m in plan["models"] if m.get("deployed", True) and m["fraction"] > 0]
+    return {"plan": str(path.relative_to(params.root)), "plan_sha256": sha256(path),
+            "data_passed": all(r.success for r in results), "suites": [r.as_dict() for r in results],
+            "not_served": not_served(params, deployed)}
+
+
 def run(params: Params) -> dict[str, Any]:
     """Run every suite and the quality gate; write the report and the HELIOS runs' telemetry."""
     from validation.quality import measure
@@ -83,7 +115,8 @@ def run(params: Params) -> dict[str, Any]:
     report = {"scenario": params.plan.scenarios[0].name, "plan": str(path.relative_to(params.root)),
               "plan_sha256": sha256(path), "passed": all(r.success for r in results),
               "suites": [r.as_dict() for r in results],
-              "quality": json.loads(table.to_json(orient="records"))}
+              "quality": json.loads(table.to_json(orient="records")), "not_served": not_served(params, deployed),
+              "other_scenarios": {sc.name: other_scenario(params, sc.name) for sc in params.plan.scenarios[1:]}}
     write_json(out / REPORT, report)
     return report
 
@@ -92,6 +125,9 @@ def metrics(report: dict[str, Any]) -> dict[str, Any]:
     """Numbers for ``dvc metrics show`` and MLflow."""
     out: dict[str, Any] = {"passed": int(report["passed"]),
                            "failed_expectations": sum(len(s["failures"]) for s in report["suites"])}
+    for name, other in report.get("other_scenarios", {}).items():
+        if other is not None:
+            out[f"{name}.data_passed"] = int(other["data_passed"])
     for row in report["quality"]:
         for key in ("exit_layer", "ppl_helios", "ppl_full", "ppl_increase_rel", "rouge2_vs_full", "em_helios",
                     "em_full", "breach_rate"):
@@ -114,6 +150,17 @@ def describe(report: dict[str, Any]) -> str:
     lines = [f"gate {'PASSED' if report['passed'] else 'FAILED'} for {report['plan']}"]
     for suite in report["suites"]:
         lines += [f"  {suite['suite']}: {f}" for f in suite["failures"]]
+    if report.get("not_served"):
+        lines.append(f"  note: {report['not_served']}")
+    for name, other in report.get("other_scenarios", {}).items():
+        if other is None:
+            lines.append(f"{name}: no plan (skipped by the plan stage)")
+            continue
+        lines.append(f"{name}: data suites {'passed' if other['data_passed'] else 'FAILED'} for {other['plan']}")
+        for suite in other["suites"]:
+            lines += [f"  {suite['suite']}: {f}" for f in suite["failures"]]
+        if other["not_served"]:
+            lines.append(f"  note: {other['not_served']}")
     return "\n".join(lines)
 
 

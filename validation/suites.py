@@ -63,6 +63,27 @@ def labels(gates: GatesParams) -> list[Any]:
             gxe.ExpectColumnValuesToBeBetween(column="quality", min_value=0, max_value=1)]
 
 
+def imported_labels(gates: GatesParams) -> list[Any]:
+    """Labels imported from AlpacaEval: a judge's verdicts (win 1, draw 0.5, loss 0; a duplicated instruction the
+    mean of its verdicts), one row per model and query, of the import's data set and metric."""
+    gxe = _gxe()
+    return [*labels(gates),
+            gxe.ExpectColumnValuesToBeInSet(column="dataset", value_set=["alpaca_eval"]),
+            gxe.ExpectColumnValuesToBeInSet(column="metric", value_set=["alpaca_eval_preference"]),
+            gxe.ExpectCompoundColumnsToBeUnique(column_list=["model", "dataset", "query_id"])]
+
+
+def imported_lengths(gates: GatesParams) -> list[Any]:
+    """Real answer lengths per model and query (proxy tokens): a prompt of at least one token, no negative
+    answer."""
+    gxe = _gxe()
+    columns = ("model", "dataset", "query_id", "prompt_len", "output_len")
+    return [*_present(gxe, columns, gates.min_label_rows),
+            gxe.ExpectColumnValuesToBeBetween(column="prompt_len", min_value=1),
+            gxe.ExpectColumnValuesToBeBetween(column="output_len", min_value=0),
+            gxe.ExpectCompoundColumnsToBeUnique(column_list=["model", "dataset", "query_id"])]
+
+
 def pht(gates: GatesParams) -> list[Any]:
     """The Performance History Table (one row per candidate): exit shares summing to 1, sane costs."""
     gxe = _gxe()

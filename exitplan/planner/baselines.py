@@ -2,8 +2,10 @@
 
 - ``single-<model>``: all load on one model, its deployment chosen freely (heterogeneous GPUs);
 - ``single-<model>-homo``: the same on one GPU type;
-- ``routellm-uniform``: routing fractions optimised (RouteLLM-style), GPUs split uniformly - every model gets the
-  same share of the budget and its best candidate within it;
+- ``routellm-uniform``: routing fractions optimised (RouteLLM-style), GPUs split uniformly (BOUTE's RouteLLM
+  baseline: the same resources for every model type) - each model may use ``1/K`` of the GPUs of each type, within
+  the one budget;
+- ``routellm-uniform-budget``: the same with the budget split instead - each model gets ``1/K`` of it;
 - ``homogeneous`` (BOUTE-Homo): fractions and deployments optimised, all models on one GPU type.
 """
 
@@ -14,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from exitplan.planner.problem import Plan, PlanProblem, best_under
-from exitplan.planner.search import fraction_grid
+from exitplan.planner.search import fastest, fraction_grid
 
 
 def _on_one_type(problem: PlanProblem, gpu: str) -> Callable[[int, int], bool]:
@@ -23,22 +25,13 @@ def _on_one_type(problem: PlanProblem, gpu: str) -> Callable[[int, int], bool]:
     return ok
 
 
-def _plans(problem: PlanProblem, fractions: list[np.ndarray], allowed: Callable[[int, int], bool],
-           share: float | None = None) -> list[Plan]:
-    """Feasible plans over ``fractions`` x the allowed candidates (each under ``share`` x budget if given)."""
-    import itertools
+def _even_gpus(problem: PlanProblem) -> Callable[[int, int], bool]:
+    k = len(problem.models)
 
-    per_model = []
-    for i, m in enumerate(problem.models):
-        options = [c for c in range(len(problem.candidates[m])) if allowed(i, c)
-                   and (share is None or problem.candidates[m][c].cost <= share * problem.budget + 1e-9)]
-        per_model.append(options)
-    plans = []
-    for f in fractions:
-        for choice in itertools.product(*per_model):
-            if problem.feasible(f, choice):
-                plans.append(problem.evaluate_plan(f, choice))
-    return plans
+    def ok(model: int, cand: int) -> bool:
+        chosen = problem.candidates[problem.models[model]][cand]
+        return all(chosen.gpus(g) <= n // k for g, n in problem.available.items())
+    return ok
 
 
 def baselines(problem: PlanProblem, min_quality: float, max_latency: float = float("inf"),
@@ -50,11 +43,11 @@ def baselines(problem: PlanProblem, min_quality: float, max_latency: float = flo
     out: dict[str, Plan | None] = {}
     for i, m in enumerate(problem.models):
         alone = [np.eye(k)[i]]
-        out[f"single-{m}"] = best_under(_plans(problem, alone, lambda *_: True), max_latency, min_quality)
-        homo = [p for g in gpus for p in _plans(problem, alone, _on_one_type(problem, g))]
+        out[f"single-{m}"] = best_under(fastest(problem, alone), max_latency, min_quality)
+        homo = [p for g in gpus for p in fastest(problem, alone, _on_one_type(problem, g))]
         out[f"single-{m}-homo"] = best_under(homo, max_latency, min_quality)
-    out["routellm-uniform"] = best_under(_plans(problem, grid, lambda *_: True, share=1.0 / k), max_latency,
-                                         min_quality)
-    homo = [p for g in gpus for p in _plans(problem, grid, _on_one_type(problem, g))]
+    out["routellm-uniform"] = best_under(fastest(problem, grid, _even_gpus(problem)), max_latency, min_quality)
+    out["routellm-uniform-budget"] = best_under(fastest(problem, grid, share=1.0 / k), max_latency, min_quality)
+    homo = [p for g in gpus for p in fastest(problem, grid, _on_one_type(problem, g))]
     out["homogeneous"] = best_under(homo, max_latency, min_quality)
     return out

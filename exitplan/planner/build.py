@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from exitplan.errors import ExitplanError
+from exitplan.errors import ExitplanError, LabelsNotFound
 from exitplan.planner.candidates import mixed_candidates
 from exitplan.planner.problem import PlanProblem
 from exitplan.simulator.curve import LatencyCurve
@@ -38,8 +38,9 @@ def quality_table(labels: Any, models: Sequence[str]) -> Any:
     """
     missing = [m for m in models if m not in set(labels["model"])]
     if missing:
-        raise ExitplanError(f"no quality labels for {missing}: run label_quality on them, or supply a CSV "
-                            f"(model, dataset, query_id, quality) as label_quality.user_labels")
+        raise LabelsNotFound(f"no quality labels for {missing}: run label_quality on them, import them "
+                             f"(import_labels), or supply a CSV (model, dataset, query_id, quality) as "
+                             f"label_quality.user_labels")
     wide = labels.pivot_table(index=["dataset", "query_id"], columns="model", values="quality").dropna()
     if len(wide) < 4:
         raise ExitplanError(f"only {len(wide)} queries are labelled for all of {list(models)}")
@@ -80,14 +81,22 @@ def problem_from(db: Any, prices: Mapping[str, float], available: Mapping[str, i
     return PlanProblem(list(models), candidates, curves, load, budget, available, quality)
 
 
-def read_labels(path: Path) -> Any:
-    """The ``label_quality`` stage's labels.
+def read_tables(paths: Sequence[tuple[Path, str]]) -> Any:
+    """The rows of several stages' tables (labels, or queries) in one frame, ``query_id`` as text.
+
+    Args:
+        paths: ``(path, stage that writes it)`` pairs.
 
     Raises:
-        ExitplanError: if the stage has not run.
+        ExitplanError: naming the stage to run for a table that is missing.
     """
     import pandas as pd
 
-    if not path.is_file():
-        raise ExitplanError(f"no labels at {path}: run the label_quality stage first")
-    return pd.read_parquet(path)
+    frames = []
+    for path, stage in paths:
+        if not path.is_file():
+            raise ExitplanError(f"no table at {path}: run the {stage} stage first")
+        frames.append(pd.read_parquet(path))
+    frame = pd.concat([f for f in frames if len(f)] or frames[:1], ignore_index=True)
+    frame["query_id"] = frame["query_id"].astype(str)
+    return frame

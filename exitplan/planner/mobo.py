@@ -6,20 +6,27 @@ Matern-3/2 on the deployment coordinates - plus a small learned product term, wi
 GPU preference ``w(c) = exp(beta * sum_mn a_mn s_mn)`` (``a_mn``: share of model ``m``'s GPUs of type ``n``;
 ``s_mn``: how well type ``n`` serves model ``m``, its capacity per dollar, normalised). Acquisition:
 ``qLogNoisyExpectedHypervolumeImprovement`` with outcome constraints L <= L_max and Q >= Q_min when given; it is
-maximised over a pool of feasible points (the deployment coordinates are discrete), ``q`` points per round. Every
-evaluation is a perf-DB look-up through :class:`PlanProblem`.
+maximised over a pool of points within the budget and the GPUs (the deployment coordinates are discrete), ``q``
+points per round. Every evaluation is a perf-DB look-up through :class:`PlanProblem`.
+
+Plans that cannot carry their load (infinite latency) are modelled as BoTorch supports it: a third GP on the plan's
+headroom (log capacity / load, smooth where latency has a cliff) and the outcome constraint headroom >= 0, which
+qLogNEHVI weighs by its probability; the latency GP sees only feasible plans (``feasibility="constraint"``, the
+default). ``feasibility="penalty"`` keeps the first design (an infeasible plan counts as twice the worst latency),
+for comparison.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 
-from exitplan.planner.problem import Plan, PlanProblem
+from exitplan.planner.problem import Plan, PlanProblem, pareto
 from exitplan.simulator.curve import INF
 
 
@@ -111,6 +118,14 @@ def _kernel(problem: PlanProblem, structured: bool, tables: list[np.ndarray] | N
     return routing + deployment + product
 
 
+def _feasibility_kernel(dim: int) -> Any:
+    """ARD Matern-5/2 on every coordinate for the headroom: a minimum over models of ``log capacity - log share``,
+    so it is an interaction of routing and deployment that BOUTE's additive kernel would smooth away."""
+    from gpytorch.kernels import MaternKernel, ScaleKernel
+
+    return ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=dim))
+
+
 def _targets(plans: list[Plan], worst_latency: float) -> np.ndarray:
     """Model outcomes (both maximised): ``-log L`` (an infeasible latency counts as twice the worst) and
     ``logit Q``."""
@@ -139,17 +154,44 @@ def _any_feasible(problem: PlanProblem) -> bool:
     return any(problem.feasible(np.eye(k)[i], [0] * k) for i in range(k))
 
 
-def _pool(problem: PlanProblem, size: int, rng: np.random.Generator, tries: int = 200) -> np.ndarray:
-    """Random feasible points, deployment coordinates snapped to candidate centres (the discrete choices); a
-    routing coordinate is pushed to an end now and then, so plans that load only some models are in the pool."""
+def _neighbour(problem: PlanProblem, theta: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A point near ``theta``: one to three moves, each either a share of the load (5-20%) moved from one model to
+    another or one model's candidate moved up to four places in its (cost-ordered) list - moving load and
+    re-sizing deployments together is what a budget-bound front needs."""
+    out = np.asarray(theta, float).copy()
+    for _ in range(int(rng.integers(1, 4))):
+        if rng.uniform() < 0.5:
+            fractions = problem.fractions(out)
+            src, dst = rng.choice(len(problem.models), size=2, replace=False)
+            moved = min(float(rng.choice([0.05, 0.1, 0.2])), fractions[src])
+            fractions[src] -= moved
+            fractions[dst] += moved
+            out[problem.routing_dims] = problem.routing_theta(fractions)
+        else:
+            i = int(rng.integers(len(problem.models)))
+            n = len(problem.candidates[problem.models[i]])
+            d = problem.deployment_dims[i]
+            out[d] = float(np.clip(out[d] + rng.choice([-4, -3, -2, -1, 1, 2, 3, 4]) / n, 0.0, 1.0 - 1e-9))
+    return out
+
+
+def _pool(problem: PlanProblem, size: int, rng: np.random.Generator, tries: int = 200,
+          around: Sequence[np.ndarray] = ()) -> np.ndarray:
+    """Points within the budget and GPUs, deployment coordinates snapped to candidate centres (the discrete
+    choices): half random (a routing coordinate is pushed to an end now and then, so plans that load only some
+    models are in the pool), half neighbours of ``around`` (the current front) when given, the local moves a
+    discrete space needs to refine a front that random points rarely hit."""
     points = []
-    for _ in range(size * tries):
+    for t in range(size * tries):
         if len(points) >= size:
             break
-        theta = rng.uniform(size=problem.dim)
-        for d in problem.routing_dims:
-            if rng.uniform() < 0.15:
-                theta[d] = float(rng.integers(2))
+        if len(around) and t % 2:
+            theta = _neighbour(problem, around[int(rng.integers(len(around)))], rng)
+        else:
+            theta = rng.uniform(size=problem.dim)
+            for d in problem.routing_dims:
+                if rng.uniform() < 0.15:
+                    theta[d] = float(rng.integers(2))
         fractions = problem.fractions(theta)
         choice = problem.repair(fractions, problem.choice(theta))
         if choice is None:
@@ -160,9 +202,115 @@ def _pool(problem: PlanProblem, size: int, rng: np.random.Generator, tries: int 
     return np.asarray(points)
 
 
+Feasibility = Literal["constraint", "penalty"]
+"""How MOBO treats plans that cannot carry their load: ``constraint`` models the plan's headroom (log of its
+capacity over its load, :meth:`PlanProblem.headroom`) with a third GP and makes "headroom >= 0" an outcome
+constraint of qLogNEHVI, with the latency GP fitted on feasible plans only; ``penalty`` (the first design) feeds an
+infeasible plan to the latency GP as twice the worst latency seen."""
+
+MASK_PROBABILITY = 0.5
+"""The acquisition is maximised only over pool points at least this likely (by the headroom GP) to carry their
+load."""
+
+HEADROOM_CLIP = 4.0
+"""Headroom targets are clipped to +-this (a plan 50x over or under its load tells the GP nothing more)."""
+
+
+def _fit(x: Any, y: Any, kernel: Any) -> Any:
+    """A single-output GP on ``(x, y)`` (standardised outcome) with the given kernel, its hyperparameters fitted
+    by marginal likelihood; when every fitting attempt fails (a step-shaped outcome over repeated discrete points
+    can do that), it keeps the kernel's initial hyperparameters rather than stopping the search."""
+    from botorch.exceptions.errors import ModelFittingError
+    from botorch.fit import fit_gpytorch_mll
+    from botorch.models import SingleTaskGP
+    from botorch.models.transforms.outcome import Standardize
+    from gpytorch.mlls import ExactMarginalLogLikelihood
+
+    gp = SingleTaskGP(x, y, covar_module=kernel, outcome_transform=Standardize(m=1))
+    initial = {k: v.clone() for k, v in gp.state_dict().items()}
+    try:
+        fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
+    except ModelFittingError:
+        gp.load_state_dict(initial)
+    return gp
+
+
+def _surrogate(xs: list[np.ndarray], plans: list[Plan], headroom: list[float],
+               feasibility: Feasibility, kernel: Callable[[], Any]) -> tuple[Any, Any]:
+    """The fitted model list (outcome 2: the headroom, under ``constraint``) and the objectives' observed values
+    (of the feasible plans under ``constraint``; for the reference point). ``constraint`` needs two feasible
+    plans."""
+    import torch
+    from botorch.models import ModelListGP
+
+    x = torch.tensor(np.asarray(xs), dtype=torch.double)
+    ok = np.asarray([p.latency < INF for p in plans])
+    worst = max((p.latency for p in plans if p.latency < INF), default=1.0)
+    y = torch.tensor(_targets(plans, worst), dtype=torch.double)
+    if feasibility == "penalty":
+        gps = [_fit(x, y[:, k:k + 1], kernel()) for k in range(2)]
+        observed = y
+    else:
+        mask = torch.tensor(ok)
+        h = torch.tensor(np.clip(headroom, -HEADROOM_CLIP, HEADROOM_CLIP), dtype=torch.double)[:, None]
+        gps = [_fit(x[mask], y[mask, :1], kernel()), _fit(x, y[:, 1:2], kernel()), _fit(x, h, _feasibility_kernel(x.shape[-1]))]
+        observed = y[mask]
+    return ModelListGP(*gps), observed
+
+
+def _acquisition(model: Any, observed: Any, x: Any, constrained: bool, max_latency: float | None,
+                 min_quality: float | None, seed: int) -> Any:
+    """qLogNEHVI on (-log L, logit Q), with the SLO constraints and, when modelled, headroom >= 0."""
+    import torch
+    from botorch.acquisition.multi_objective.logei import qLogNoisyExpectedHypervolumeImprovement
+    from botorch.acquisition.multi_objective.objective import IdentityMCMultiOutputObjective
+    from botorch.sampling import SobolQMCNormalSampler
+
+    span = (observed.max(dim=0).values - observed.min(dim=0).values).clamp(min=1e-3)
+    ref = (observed.min(dim=0).values - 0.1 * span).tolist()
+    constraints = []
+    if max_latency is not None:
+        constraints.append(lambda z, b=-math.log(max_latency): b - z[..., 0])
+    if min_quality is not None:
+        mq = min(max(min_quality, 1e-4), 1 - 1e-4)
+        constraints.append(lambda z, b=math.log(mq / (1 - mq)): b - z[..., 1])
+    if constrained:
+        constraints.append(lambda z: -z[..., 2])
+    return qLogNoisyExpectedHypervolumeImprovement(
+        model, ref_point=ref, X_baseline=x, prune_baseline=True, constraints=constraints or None,
+        objective=IdentityMCMultiOutputObjective(outcomes=[0, 1]) if constrained else None,
+        sampler=SobolQMCNormalSampler(torch.Size([64]), seed=seed))
+
+
+def _likely_feasible(gp: Any, pool: np.ndarray, keep: int, threshold: float = MASK_PROBABILITY) -> np.ndarray:
+    """The pool points the headroom GP gives at least ``threshold`` probability of carrying their load (at least
+    the ``keep`` likeliest): the feasibility mask on the acquisition."""
+    import torch
+
+    with torch.no_grad():
+        post = gp.posterior(torch.tensor(pool, dtype=torch.double))
+        mean, sd = post.mean[:, 0], post.variance[:, 0].clamp(min=1e-12).sqrt()
+        prob = torch.distributions.Normal(0.0, 1.0).cdf(mean / sd).numpy()
+    order = np.argsort(-prob)
+    return pool[order[:max(keep, int((prob >= threshold).sum()))]]
+
+
+def _most_feasible(xs: list[np.ndarray], headroom: list[float], pool: np.ndarray, q: int,
+                   kernel: Callable[[], Any]) -> np.ndarray:
+    """The ``q`` pool points with the highest predicted headroom (before two feasible plans are known)."""
+    import torch
+
+    h = torch.tensor(np.clip(headroom, -HEADROOM_CLIP, HEADROOM_CLIP), dtype=torch.double)[:, None]
+    gp = _fit(torch.tensor(np.asarray(xs), dtype=torch.double), h, _feasibility_kernel(len(xs[0])))
+    with torch.no_grad():
+        mean = gp.posterior(torch.tensor(pool, dtype=torch.double)).mean[:, 0].numpy()
+    return pool[np.argsort(-mean)[:q]]
+
+
 def optimise(problem: PlanProblem, evaluations: int = 40, initial: int = 8, q: int = 4, seed: int = 0,
              structured: bool = True, beta: float = 1.0, max_latency: float | None = None,
-             min_quality: float | None = None, pool_size: int = 1024) -> MoboResult:
+             min_quality: float | None = None, pool_size: int = 1024,
+             feasibility: Feasibility = "constraint") -> MoboResult:
     """Run MOBO for ``evaluations`` plans (``initial`` of them from a Sobol design).
 
     Args:
@@ -176,15 +324,10 @@ def optimise(problem: PlanProblem, evaluations: int = 40, initial: int = 8, q: i
         max_latency: Outcome constraint L <= this (seconds), if any.
         min_quality: Outcome constraint Q >= this, if any.
         pool_size: Feasible points the acquisition is maximised over per round.
+        feasibility: How plans that cannot carry their load are modelled (:data:`Feasibility`).
     """
     import torch
-    from botorch.acquisition.multi_objective.logei import qLogNoisyExpectedHypervolumeImprovement
-    from botorch.fit import fit_gpytorch_mll
-    from botorch.models import ModelListGP, SingleTaskGP
-    from botorch.models.transforms.outcome import Standardize
     from botorch.optim import optimize_acqf_discrete
-    from botorch.sampling import SobolQMCNormalSampler
-    from gpytorch.mlls import SumMarginalLogLikelihood
     from torch.quasirandom import SobolEngine
 
     torch.manual_seed(seed)
@@ -193,11 +336,16 @@ def optimise(problem: PlanProblem, evaluations: int = 40, initial: int = 8, q: i
     result = MoboResult()
     tables = preference_tables(problem, gpu_preference(problem))
     xs: list[np.ndarray] = []
+    headroom: list[float] = []
+
+    def kernel() -> Any:
+        return _kernel(problem, structured, tables, beta)
 
     def run(theta: np.ndarray) -> None:
         plan = problem.evaluate(theta)
         if plan is not None:
             xs.append(np.asarray(theta, float))
+            headroom.append(problem.headroom(np.asarray(plan.fractions), plan.choice))
             result.plans.append(plan)
             result.history_s.append(time.perf_counter() - started)
 
@@ -216,32 +364,24 @@ def optimise(problem: PlanProblem, evaluations: int = 40, initial: int = 8, q: i
         raise ExitplanError("fewer than two feasible plans found: the budget or the GPUs available are too tight "
                             "for these models at this load")
     while len(result.plans) < evaluations:
-        worst = max((p.latency for p in result.plans if p.latency < INF), default=1.0)
-        x = torch.tensor(np.asarray(xs), dtype=torch.double)
-        y = torch.tensor(_targets(result.plans, worst), dtype=torch.double)
-        models = []
-        for k in range(2):
-            gp = SingleTaskGP(x, y[:, k:k + 1], covar_module=_kernel(problem, structured, tables, beta),
-                              outcome_transform=Standardize(m=1))
-            models.append(gp)
-        model = ModelListGP(*models)
-        fit_gpytorch_mll(SumMarginalLogLikelihood(model.likelihood, model))
-        ref = (y.min(dim=0).values - 0.1 * (y.max(dim=0).values - y.min(dim=0).values).clamp(min=1e-3)).tolist()
-        constraints = []
-        if max_latency is not None:
-            constraints.append(lambda z, b=-math.log(max_latency): b - z[..., 0])
-        if min_quality is not None:
-            mq = min(max(min_quality, 1e-4), 1 - 1e-4)
-            constraints.append(lambda z, b=math.log(mq / (1 - mq)): b - z[..., 1])
-        acq = qLogNoisyExpectedHypervolumeImprovement(
-            model, ref_point=ref, X_baseline=x, prune_baseline=True, constraints=constraints or None,
-            sampler=SobolQMCNormalSampler(torch.Size([64]), seed=int(rng.integers(1 << 30))))
-        pool = _pool(problem, pool_size, rng)
+        batch = min(q, evaluations - len(result.plans))
+        front = {id(p) for p in pareto(result.plans)}
+        pool = _pool(problem, pool_size, rng, around=[x for x, p in zip(xs, result.plans, strict=True)
+                                                      if id(p) in front])
         if not len(pool):
             break
-        chosen, _ = optimize_acqf_discrete(acq, q=min(q, evaluations - len(result.plans)),
-                                           choices=torch.tensor(pool, dtype=torch.double))
-        for theta in chosen.numpy():
+        constrained = feasibility == "constraint"
+        if constrained and sum(p.latency < INF for p in result.plans) < 2:
+            chosen = _most_feasible(xs, headroom, pool, batch, kernel)
+        else:
+            model, observed = _surrogate(xs, result.plans, headroom, feasibility, kernel)
+            if constrained:
+                pool = _likely_feasible(model.models[2], pool, batch)
+            acq = _acquisition(model, observed, torch.tensor(np.asarray(xs), dtype=torch.double), constrained,
+                               max_latency, min_quality, int(rng.integers(1 << 30)))
+            chosen, _ = optimize_acqf_discrete(acq, q=batch, choices=torch.tensor(pool, dtype=torch.double))
+            chosen = chosen.numpy()
+        for theta in chosen:
             run(theta)
     result.seconds = time.perf_counter() - started
     return result

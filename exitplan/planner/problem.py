@@ -88,6 +88,14 @@ class PlanProblem:
             rest *= u
         return np.asarray([*f, rest])
 
+    def routing_theta(self, fractions: np.ndarray) -> np.ndarray:
+        """The routing coordinates that :meth:`fractions` maps to ``fractions`` (the inverse stick-breaking)."""
+        u, rest = [], 1.0
+        for f in fractions[:-1]:
+            u.append(float(np.clip(1 - f / rest, 0.0, 1.0)) if rest > 1e-12 else 1.0)
+            rest -= f
+        return np.asarray(u)
+
     def choice(self, theta: np.ndarray) -> tuple[int, ...]:
         """Candidate index per model from the deployment coordinates."""
         return tuple(min(int(u * len(self.candidates[m])), len(self.candidates[m]) - 1)
@@ -125,14 +133,30 @@ class PlanProblem:
             return None
         return self.evaluate_plan(fractions, choice)
 
+    def model_latency(self, model: int, cand: int, fraction: float) -> float:
+        """P95 of one model's candidate at ``fraction`` of the load (0 when not loaded), cached."""
+        if fraction < MIN_SHARE:
+            return 0.0
+        key = (model, cand, round(float(fraction), 6))
+        if key not in self._cache:
+            m = self.models[model]
+            self._cache[key] = float(self.candidates[m][cand].latency(fraction * self.load, self.curves[m]))
+        return self._cache[key]
+
+    def headroom(self, fractions: np.ndarray, choice: Sequence[int]) -> float:
+        """``log`` of the smallest ratio, over the loaded models, of a candidate's capacity (its replicas'
+        summed sustainable load) to the load routed to it: ``>= 0`` when the plan can carry its load. A smooth
+        measure of feasibility, for the optimiser's feasibility model."""
+        ratios = [sum(c.capacity for c in self.candidates[m][k].replica_curves(self.curves[m])) / (f * self.load)
+                  for m, k, f in zip(self.models, choice, fractions, strict=True) if f >= MIN_SHARE]
+        return float(np.log(max(min(ratios, default=1.0), 1e-6)))
+
     def evaluate_plan(self, fractions: np.ndarray, choice: Sequence[int]) -> Plan:
         """Latency, quality and cost of given fractions and candidate choices (no repair)."""
         key = (tuple(np.round(fractions, 6)), tuple(choice))
         if key not in self._cache:
-            latency = 0.0
-            for m, c, f in zip(self.models, choice, fractions, strict=True):
-                if f >= MIN_SHARE:
-                    latency = max(latency, self.candidates[m][c].latency(f * self.load, self.curves[m]))
+            latency = max(self.model_latency(i, c, f) for i, (c, f) in enumerate(zip(choice, fractions,
+                                                                                     strict=True)))
             self._cache[key] = Plan(tuple(float(x) for x in fractions), tuple(choice), float(latency),
                                     float(self.quality(fractions)), float(self.cost(fractions, choice)))
         return self._cache[key]
@@ -162,6 +186,7 @@ def hypervolume(plans: Sequence[Plan], ref_latency: float, ref_quality: float) -
 
 
 def best_under(plans: Sequence[Plan], max_latency: float = INF, min_quality: float = -INF) -> Plan | None:
-    """The lowest-latency plan meeting the quality floor (and latency cap), cheapest on ties."""
-    ok = [p for p in plans if p.quality >= min_quality and p.latency <= max_latency]
+    """The lowest-latency plan that carries its load and meets the quality floor (and latency cap), cheapest on
+    ties."""
+    ok = [p for p in plans if p.quality >= min_quality and p.latency <= max_latency and p.latency < INF]
     return min(ok, key=lambda p: (p.latency, p.cost), default=None)

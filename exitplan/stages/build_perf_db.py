@@ -30,6 +30,23 @@ def _lengths(params: Params) -> tuple[Any, Any]:
     return trace["prompt_len"].to_numpy(), trace["output_len"].to_numpy()
 
 
+def _model_lengths(params: Params) -> dict[str, tuple[Any, Any]]:
+    """Per-model (prompt, output) lengths of ``build_perf_db.model_lengths`` for the models it covers."""
+    import pandas as pd
+
+    name = params.build_perf_db.model_lengths
+    if name is None:
+        return {}
+    path = params.path(name)
+    if not path.is_file():
+        raise WorkloadError(f"no per-model lengths at {path}: run the import_labels stage first (or set "
+                            f"build_perf_db.model_lengths: null)")
+    table = pd.read_parquet(path, columns=["model", "prompt_len", "output_len"])
+    table = table[(table["prompt_len"] > 0) & (table["output_len"] > 0)]
+    return {m: (rows["prompt_len"].to_numpy(), rows["output_len"].to_numpy())
+            for m, rows in table.groupby("model") if m in params.build_perf_db.models}
+
+
 def plot_curves(db: Any, out_dir: Path) -> list[Path]:
     """One PNG per model: P95 end-to-end latency vs load, a line per deployment (unsaturated points only)."""
     import matplotlib
@@ -60,7 +77,7 @@ def main(params: Params) -> dict[str, Any]:
     started = time.perf_counter()
     db = build_perf_db(catalog, section.models, section.gpus, params.simulator.engine, section.qps, lengths,
                        section.requests_per_point, section.seed, section.max_gpus_per_replica,
-                       section.layer_fractions, section.workers)
+                       section.layer_fractions, section.workers, model_lengths=_model_lengths(params))
     seconds = time.perf_counter() - started
     reports = params.path("reports") / STAGE
     write_parquet(params.path(section.output_dir) / DB_FILE, db)

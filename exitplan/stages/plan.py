@@ -10,7 +10,7 @@ import numpy as np
 
 from exitplan.atomic import write_atomic, write_json, write_parquet
 from exitplan.config import Params, PlanScenario
-from exitplan.errors import ExitplanError
+from exitplan.errors import ExitplanError, LabelsNotFound
 from exitplan.tracking import register_plan
 
 STAGE = "plan"
@@ -25,18 +25,19 @@ def router(params: Params, scenario: PlanScenario) -> dict[str, Any]:
         ``quality`` (fractions -> Q), ``grid`` and ``values`` of the measured curve, ``window`` (scores of every
         labelled query, for thresholds), and the oracle / random curves on the same grid for reference.
     """
-    import pandas as pd
-
-    from exitplan.planner.build import quality_function, quality_table, read_labels
+    from exitplan.planner.build import quality_function, quality_table, read_tables
     from exitplan.routing.fractions import quality_curve
     from exitplan.routing.scores import EmbeddingScorer, embed
 
     section = params.plan
-    labels = read_labels(params.path(params.label_quality.output_dir) / "labels.parquet")
+    imported = params.path(params.import_labels.output_dir)
+    labels = read_tables([(params.path(params.label_quality.output_dir) / "labels.parquet", "label_quality"),
+                          (imported / "labels.parquet", "import_labels")])
     wide = quality_table(labels, scenario.models)
-    queries = pd.read_parquet(params.path(params.prepare_workload.output_dir) / "queries.parquet")
-    queries["query_id"] = queries["query_id"].astype(str)
-    prompts = queries.set_index(["dataset", "query_id"]).loc[wide.index, "prompt"].tolist()
+    queries = read_tables([(params.path(params.prepare_workload.output_dir) / "queries.parquet", "prepare_workload"),
+                           (imported / "queries.parquet", "import_labels")])
+    prompts = queries.drop_duplicates(["dataset", "query_id"]).set_index(["dataset", "query_id"]).loc[
+        wide.index, "prompt"].tolist()
     vectors = embed(params.checkpoint_path(section.embedder), prompts)
     order = np.random.default_rng(section.seed).permutation(len(wide))
     cut = max(2, int(len(wide) * section.routing_train_share))
@@ -153,7 +154,8 @@ def run_scenario(params: Params, scenario: PlanScenario) -> dict[str, Any]:
                            scenario.load_qps, scenario.budget_per_hour, section.metric, section.budget_points,
                            scenario.max_p95_s, section.load_shares)
     mobo = optimise(problem, section.evaluations, section.initial, section.batch, section.seed, beta=section.beta,
-                    max_latency=scenario.max_p95_s, min_quality=scenario.min_quality or None)
+                    max_latency=scenario.max_p95_s, min_quality=scenario.min_quality or None,
+                    feasibility=section.feasibility)
     truth = exhaustive(problem, section.fraction_steps)
     cap = scenario.max_p95_s or float("inf")
     marks = baselines(problem, scenario.min_quality, cap, section.fraction_steps)
@@ -194,21 +196,34 @@ def save_router(path: Path, embedder: str, models: list[str], scorer: Any, windo
     return write_atomic(path, lambda tmp: Path(tmp).write_bytes(blob))
 
 
+def skip_reason(params: Params, exc: LabelsNotFound) -> str:
+    """Why an optional scenario was skipped, naming the annotation folder when it is the one missing."""
+    source = params.path(params.import_labels.source_dir)
+    if not source.is_dir():
+        return (f"{exc}; the AlpacaEval annotation folder {source} is absent: put the annotation files there (or "
+                f"set import_labels.source_dir), then run `dvc repro plan`")
+    return str(exc)
+
+
 def main(params: Params) -> dict[str, Any]:
-    """Every scenario (an optional one without labels is skipped with what to supply); the first is registered."""
+    """Every scenario (an optional one without labels is skipped with what to supply), each registered in MLflow
+    with alias ``challenger``: the first (the promoted one) as ``plan.registered_model``, the others as
+    ``<registered_model>-<scenario>``."""
     results, skipped = [], {}
     for scenario in params.plan.scenarios:
         try:
             results.append(run_scenario(params, scenario))
-        except ExitplanError as exc:
-            if scenario.required or "no quality labels" not in str(exc):
+        except LabelsNotFound as exc:
+            if scenario.required:
                 raise
-            skipped[scenario.name] = str(exc)
+            skipped[scenario.name] = skip_reason(params, exc)
     first = results[0]
     metrics = {f"{r['name']}.{k}": r["plan"][k] for r in results
                for k in ("predicted_p95_s", "predicted_quality", "cost_per_hour", "mobo_seconds")}
     report = write_json(params.path("reports") / STAGE / "metrics.json", {**metrics, "skipped": skipped})
-    version = register_plan(params.tracking, params.root, STAGE, first["plan_path"], params.plan.registered_model,
-                            params.plan.model_dump(), metrics, [report, first["png"], first["front"]],
-                            router_path=first["router"])
-    return {"plans": {r["name"]: r["plan"] for r in results}, "skipped": skipped, "version": version}
+    versions = {r["name"]: register_plan(params.tracking, params.root, STAGE, r["plan_path"],
+                                         params.plan.registered_name(r["name"]), params.plan.model_dump(), metrics,
+                                         [report, r["png"], r["front"]], router_path=r["router"])
+                for r in results}
+    return {"plans": {r["name"]: r["plan"] for r in results}, "skipped": skipped, "version": versions[first["name"]],
+            "versions": versions}

@@ -28,7 +28,7 @@ def test_catalog_has_the_gpus_and_models(catalog: Catalog) -> None:
 
 
 @pytest.mark.parametrize(("name", "params_b"), [
-    ("meta-llama/Llama-2-7b-hf", 6.74), ("meta-llama/Llama-2-70b-hf", 68.98),
+    ("meta-llama/Llama-2-7b-hf", 6.74), ("meta-llama/Llama-2-13b-hf", 13.02), ("meta-llama/Llama-2-70b-hf", 68.98),
     ("meta-llama/Llama-3.1-8B-Instruct", 8.03), ("meta-llama/Llama-3.1-70B-Instruct", 70.55),
     ("Qwen/Qwen2.5-Coder-0.5B-Instruct", 0.630), ("Qwen/Qwen2.5-Coder-1.5B-Instruct", 1.777),
     ("HuggingFaceTB/SmolLM2-135M-Instruct", 0.1345),
@@ -62,8 +62,8 @@ def _load(tmp_path: Path, tree: dict) -> Catalog:
     (lambda t: t["gpus"][1]["link"].update(bandwidth_gbps=0), "gpus.1.link.bandwidth_gbps: Input should be greater"),
     (lambda t: t["gpus"].append(dict(t["gpus"][0])), "duplicate names ['h100-sxm']"),
     (lambda t: t["models"][0].update(num_attention_heads=30), "num_attention_heads (30) must divide hidden_size"),
-    (lambda t: t["models"][2].update(num_kv_heads=5), "num_kv_heads (5) must divide num_attention_heads (32)"),
-    (lambda t: t["models"][5]["source"]["parts"][0].update(sha256="xyz"), "models.5.source.parts.0.sha256"),
+    (lambda t: t["models"][3].update(num_kv_heads=5), "num_kv_heads (5) must divide num_attention_heads (32)"),
+    (lambda t: t["models"][6]["source"]["parts"][0].update(sha256="xyz"), "models.6.source.parts.0.sha256"),
     (lambda t: t["gpus"][0].update(tflops=1.0), "gpus.0.tflops: unknown key"),
 ])
 def test_invalid_catalogs_are_rejected_with_the_key(tmp_path: Path, mutate, message: str) -> None:

@@ -101,19 +101,24 @@ def flow_results(repo: Path, prefect_harness: None):
 
 
 def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) -> None:
-    assert [r.target for r in flow_results] == ["fetch_models", "prepare_workload", "build_perf_db", "train_exits",
+    assert [r.target for r in flow_results] == ["fetch_models", "prepare_workload", "import_labels", "build_perf_db",
+                                                  "train_exits",
                                                   "exit_profile", "profile_device", "select_candidates", "label_quality",
                                                   "plan", "online_profile", "gate"]
     assert set(flow_results[0].ran) == {f"fetch_models@{SMOLLM2}", f"fetch_models@{MINILM}"}
     assert flow_results[1].ran == ["prepare_workload"]
-    assert flow_results[2].ran == ["build_perf_db"]
+    assert flow_results[2].ran == ["import_labels"]  # the annotation folder is absent here: empty tables
+    imported = json.loads((repo / "reports" / "import_labels" / "metrics.json").read_text())
+    assert "no AlpacaEval annotations at" in imported["skipped"]
+    assert pd.read_parquet(repo / "data" / "imported_labels" / "labels.parquet").empty
+    assert flow_results[3].ran == ["build_perf_db"]
     db = pd.read_parquet(repo / "data" / "perf_db" / "perf_db.parquet")
     assert set(db["model"]) == {SMOLLM2, "meta-llama/Llama-2-7b-hf"} and set(db["qps"]) == {1.0, 4.0}
     assert (repo / "reports" / "build_perf_db" / "plots").is_dir()
-    assert flow_results[3].ran == [f"train_exits@{SMOLLM2}"]
+    assert flow_results[4].ran == [f"train_exits@{SMOLLM2}"]
     exits = repo / "model_repository" / "exits" / SMOLLM2
     assert {p.name for p in exits.iterdir()} == {"exits.json", "affine.safetensors", "block.safetensors"}
-    assert flow_results[4].ran == ["exit_profile"]
+    assert flow_results[5].ran == ["exit_profile"]
     profile = pd.read_parquet(repo / "data" / "exit_profile" / "profile.parquet")
     # 2 kinds x 2 thresholds x (2 data sets x 2 chunks x 32 tokens); exits at 10, 20 and 28 (= 30 - 2)
     assert len(profile) == 2 * 2 * 2 * 2 * 32 and set(profile["first_exit"]) <= {10, 20, 28, 30}
@@ -122,7 +127,7 @@ def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) 
     assert set(curves["exit_layer"]) == {10, 20, 28} and set(curves["dataset"]) == {"all", "gsm8k", "humaneval"}
     observations = pd.read_csv(repo / "reports" / "exit_profile" / "observations.csv")
     assert len(observations) == 2 * 3 * 2  # kinds x data sets (and all) x thresholds
-    assert flow_results[5].ran == ["profile_device"] and flow_results[6].ran == ["select_candidates"]
+    assert flow_results[6].ran == ["profile_device"] and flow_results[7].ran == ["select_candidates"]
     steps = pd.read_parquet(repo / "data" / "device_profile" / "steps.parquet")
     assert len(steps) == 2 * (2 * 1 + 2)  # (full and half depth) x (2 decode batches x 1 context + 2 prefills)
     device = yaml.safe_load((repo / "data" / "device_profile" / "device.yaml").read_text())
@@ -154,7 +159,7 @@ def test_stage_runs_are_tracked_in_mlflow(repo: Path, flow_results) -> None:
     runs = client.search_runs([experiment.experiment_id])
     by_name = {r.info.run_name: r for r in runs}
     assert set(by_name) == {f"fetch_models:{SMOLLM2}", f"fetch_models:{MINILM}", "prepare_workload",
-                            "build_perf_db", f"train_exits:{SMOLLM2}", "exit_profile", "profile_device",
+                            "import_labels", "build_perf_db", f"train_exits:{SMOLLM2}", "exit_profile", "profile_device",
                             "select_candidates", "label_quality", "plan", "online_profile", "gate"}
     assert by_name["prepare_workload"].data.metrics["num_queries"] == 80
     assert by_name["prepare_workload"].data.params["seed"] == "0"

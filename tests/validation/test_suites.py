@@ -116,3 +116,24 @@ def test_a_saturated_row_may_have_no_latency(perf_db) -> None:
 def test_bad_small_frames_fail_with_the_expectation_named(suite, frame, change, expectation, column) -> None:
     result = validate(suite, _bad(frame, change), getattr(suites, suite)(GATES))
     assert not result.success and _failed(result, expectation, column), result.failures
+
+
+IMPORTED = pd.DataFrame({"model": ["a"] * 4 + ["b"] * 4, "dataset": ["alpaca_eval"] * 8, "query_id": list("wxyz") * 2,
+                         "metric": ["alpaca_eval_preference"] * 8, "quality": [0, 1, 0.5, 1, 1, 1, 0, 0.75],
+                         "reference_score": [np.nan] * 8})
+LENGTHS = pd.DataFrame({"model": ["a"] * 4 + ["b"] * 4, "dataset": ["alpaca_eval"] * 8, "query_id": list("wxyz") * 2,
+                        "prompt_len": [12, 30, 8, 9] * 2, "output_len": [300, 0, 120, 80, 400, 2, 150, 90]})
+
+
+def test_imported_labels_and_lengths_pass_and_fail_with_the_expectation_named() -> None:
+    assert validate("imported_labels", IMPORTED, suites.imported_labels(GATES)).success
+    assert validate("imported_lengths", LENGTHS, suites.imported_lengths(GATES)).success
+    for frame, suite, change, expectation in (
+            (IMPORTED, "imported_labels", _set("quality", 1, 2.0), "expect_column_values_to_be_between"),
+            (IMPORTED, "imported_labels", _set("metric", 1, "exact_match"), "expect_column_values_to_be_in_set"),
+            (IMPORTED, "imported_labels", lambda f: pd.concat([f, f.head(1)], ignore_index=True),
+             "expect_compound_columns_to_be_unique"),
+            (LENGTHS, "imported_lengths", _set("prompt_len", 2, 0), "expect_column_values_to_be_between"),
+            (LENGTHS, "imported_lengths", _set("output_len", 2, -1), "expect_column_values_to_be_between")):
+        result = validate(suite, _bad(frame, change), getattr(suites, suite)(GATES))
+        assert not result.success and _failed(result, expectation), (suite, result.failures)

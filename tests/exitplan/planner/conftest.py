@@ -37,3 +37,13 @@ def make_problem(load: float = 12.0, budget: float = 20.0) -> PlanProblem:
 @pytest.fixture
 def problem() -> PlanProblem:
     return make_problem()
+
+
+def loaded_problem(load: float = 30.0, budget: float = 20.0) -> PlanProblem:
+    """The synthetic problem at a load most plans within the budget cannot carry (candidates at load shares)."""
+    curves = {"small": synthetic_curves(1.0), "large": synthetic_curves(3.0)}
+    budgets = list(np.linspace(2, budget, 10))
+    cands = {m: mixed_candidates(c, PRICES, load, AVAILABLE, budgets, target=2.0 * (1 if m == "small" else 3),
+                                 shares=(0.25, 0.5, 0.75, 1.0)) for m, c in curves.items()}
+    return PlanProblem(["small", "large"], cands, curves, load, budget, AVAILABLE,
+                       quality=lambda f: 0.4 + 0.5 * np.sqrt(f[1]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 
 from exitplan.planner.mobo import optimise
 from exitplan.planner.problem import best_under, hypervolume, pareto
@@ -57,7 +58,7 @@ def test_baselines_meet_the_floor_and_never_beat_the_full_search(problem) -> Non
     truth = best_under(exhaustive(problem, steps=20), min_quality=0.75)
     found = baselines(problem, min_quality=0.75)
     assert set(found) == {"single-small", "single-small-homo", "single-large", "single-large-homo",
-                          "routellm-uniform", "homogeneous"}
+                          "routellm-uniform", "routellm-uniform-budget", "homogeneous"}
     assert found["single-small"] is None  # the small model alone reaches only 0.4
     for name, plan in found.items():
         if plan is not None:
@@ -82,3 +83,68 @@ def test_an_infeasible_slo_names_the_binding_constraint(problem) -> None:
     fastest = best_under(truth, min_quality=0.5)
     message = binding_constraint(truth, cap)
     assert "latency cap binds" in message and f"{fastest.latency:.3f} s" in message
+
+
+def test_stick_breaking_inverts_for_three_models() -> None:
+    from exitplan.planner.problem import PlanProblem
+
+    problem = PlanProblem(["a", "b", "c"], {"a": [], "b": [], "c": []}, {}, 1.0, 1.0, {}, lambda f: 0.0)
+    for fractions in ([0.2, 0.3, 0.5], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [0.5, 0.0, 0.5]):
+        theta = np.r_[problem.routing_theta(np.asarray(fractions)), np.zeros(3)]
+        assert problem.fractions(theta) == pytest.approx(fractions)
+
+
+def test_exhaustive_on_three_models_equals_brute_force(problem) -> None:
+    from exitplan.planner.problem import PlanProblem
+
+    three = PlanProblem(["small", "mid", "large"], {"small": problem.candidates["small"],
+                                                    "mid": problem.candidates["small"],
+                                                    "large": problem.candidates["large"]},
+                        {"small": problem.curves["small"], "mid": problem.curves["small"],
+                         "large": problem.curves["large"]}, problem.load, problem.budget, problem.available,
+                        lambda f: 0.4 + 0.3 * f[1] + 0.5 * np.sqrt(f[2]))
+    brute = []
+    for f in fraction_grid(3, 4):
+        for choice in itertools.product(*[range(len(three.candidates[m])) for m in three.models]):
+            if three.feasible(f, choice):
+                brute.append(three.evaluate_plan(f, choice))
+    fast = exhaustive(three, steps=4)
+    assert len(fast) == len(fraction_grid(3, 4))  # one fastest plan per fraction vector (all are feasible here)
+    assert {(round(p.latency, 9), round(p.quality, 9)) for p in pareto(fast)} == {
+        (round(p.latency, 9), round(p.quality, 9)) for p in pareto(brute)}
+    for f in fraction_grid(3, 4):
+        same = [p for p in brute if np.allclose(p.fractions, f)]
+        best = next(p for p in fast if np.allclose(p.fractions, f))
+        assert best.latency == min(p.latency for p in same)
+
+
+def test_census_counts_the_plans_that_cannot_carry_the_load() -> None:
+    from conftest import loaded_problem
+
+    from exitplan.planner.search import census
+
+    problem = loaded_problem()
+    counted = census(problem, steps=10)
+    brute = {}  # distinct deployed plans: the candidate of a model without load does not matter
+    for f in fraction_grid(2, 10):
+        for c in itertools.product(*[range(len(problem.candidates[m])) for m in problem.models]):
+            if problem.feasible(f, c):
+                key = (tuple(f), tuple(k if share >= 1e-3 else None for k, share in zip(c, f, strict=True)))
+                brute[key] = problem.evaluate_plan(f, c)
+    brute = list(brute.values())
+    assert counted.plans == len(brute) and counted.cannot_carry == sum(not np.isfinite(p.latency) for p in brute)
+    assert counted.infeasible_share > 0.5
+
+
+def test_the_feasibility_model_keeps_mobo_off_plans_that_cannot_carry_the_load() -> None:
+    from conftest import loaded_problem
+
+    proposals = 16
+    stuck = {}
+    for mode in ("constraint", "penalty"):
+        result = optimise(loaded_problem(), evaluations=8 + proposals, initial=8, q=4, seed=0, feasibility=mode)
+        stuck[mode] = sum(not np.isfinite(p.latency) for p in result.plans[8:])
+    rand = random_search(loaded_problem(), 200, seed=0)
+    random_share = np.mean([not np.isfinite(p.latency) for p in rand])
+    assert random_share > 0.6  # most plans within the budget cannot carry this load
+    assert stuck["constraint"] <= 0.4 * proposals < stuck["penalty"]

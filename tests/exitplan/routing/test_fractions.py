@@ -37,3 +37,20 @@ def test_embedding_scorer_learns_which_queries_gain() -> None:
     scorer = EmbeddingScorer(alpha=0.1).fit(x[:200], q[:200])
     held = scorer.score(x[200:])
     assert np.corrcoef(held, q[200:, 1] - q[200:, 0])[0, 1] > 0.9
+
+
+def test_three_models_get_three_score_intervals_in_order_and_back() -> None:
+    rng = np.random.default_rng(3)
+    window = rng.normal(size=6000)
+    for fractions in ([0.5, 0.3, 0.2], [0.0, 0.6, 0.4], [0.3, 0.0, 0.7], [0.0, 0.0, 1.0]):
+        cuts = thresholds(window, fractions)
+        assert len(cuts) == 2 and cuts[0] <= cuts[1]
+        chosen = route(window, cuts)
+        shares = np.bincount(chosen, minlength=3) / len(window)
+        assert shares == pytest.approx(fractions, abs=0.005)  # and back: the intervals hold the fractions
+        order = np.argsort(window)
+        assert np.all(np.diff(chosen[order]) >= 0)  # low scores to the smallest model, high to the largest
+    # K = 3 quality: each query scored by the model its interval routes it to
+    q = np.stack([np.zeros(6000), np.full(6000, 0.5), np.ones(6000)], axis=1)
+    grid = np.array([[1.0, 0.0, 0.0], [0.2, 0.3, 0.5], [0.0, 0.0, 1.0]])
+    assert quality_curve(window, q, grid) == pytest.approx([0.0, 0.65, 1.0], abs=0.005)

@@ -52,7 +52,7 @@ def test_curve_is_monotone_and_invertible() -> None:
 def test_best_split_balances_heterogeneous_replicas(catalog: Catalog) -> None:
     lengths = (np.array([300, 500, 800]), np.array([100, 200, 150]))
     db = build_perf_db(catalog, [LLAMA7], ["h100-sxm", "a100-80g"], engine=ReplicaSimulator(
-        ReplicaSpec(catalog.model(LLAMA7), catalog.gpu("h100-sxm"))).engine, qps_grid=[2, 4, 6, 8, 10, 12, 14, 16],
+        ReplicaSpec(catalog.model(LLAMA7), catalog.gpu("h100-sxm"))).engine, qps_grid=list(range(4, 61, 4)),
         lengths=lengths, num_requests=300, max_gpus_per_replica=1)
     fast = curve_of(db, LLAMA7, "h100-sxm", 1, 1)
     slow = curve_of(db, LLAMA7, "a100-80g", 1, 1)
