@@ -19,6 +19,7 @@ ablation and a sweep of loads x budgets.
 Usage:
     python benchmarks/planner.py --quick [--scenario llama2-boute]   # 40 MOBO evaluations (~1 min)
     python benchmarks/planner.py [--scenario ...]   # 60 evaluations, the plain-kernel ablation, the sweep
+    python benchmarks/planner.py --quick --load 160 --budget 3   # the scenario at another load and budget
 
 Needs ``make run`` (perf DB, labels). Last line: ``RESULT hv_ratio=... seconds=... evals_vs_random=...
 p95_vs_routellm=... p95_vs_homo=... p95_vs_single=... infeasible_share=...`` (a ratio is ``nan`` when the
@@ -147,8 +148,12 @@ def ratio(ours, baseline) -> float:
 
 def main() -> None:
     args, params = start(__doc__, {"--scenario": {"default": None, "help": "scenario name (default: the first)"},
-                                   "--homo-gpu": {"default": None, "help": "GPU type of the homogeneous baseline"}})
+                                   "--homo-gpu": {"default": None, "help": "GPU type of the homogeneous baseline"},
+                                   "--load": {"type": float, "default": None, "help": "req/s instead of the scenario's"},
+                                   "--budget": {"type": float, "default": None, "help": "$/h instead of the scenario's"}})
     scenario, section = pick_scenario(params, args.scenario), params.plan
+    scenario = scenario.model_copy(update={"load_qps": args.load or scenario.load_qps,
+                                           "budget_per_hour": args.budget or scenario.budget_per_hour})
     try:
         routing = router(params, scenario)
     except ExitplanError as exc:

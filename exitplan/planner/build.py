@@ -41,10 +41,11 @@ def quality_table(labels: Any, models: Sequence[str]) -> Any:
         raise LabelsNotFound(f"no quality labels for {missing}: run label_quality on them, import them "
                              f"(import_labels), or supply a CSV (model, dataset, query_id, quality) as "
                              f"label_quality.user_labels")
-    wide = labels.pivot_table(index=["dataset", "query_id"], columns="model", values="quality").dropna()
+    mine = labels[labels["model"].isin(list(models))]
+    wide = mine.pivot_table(index=["dataset", "query_id"], columns="model", values="quality")[list(models)].dropna()
     if len(wide) < 4:
         raise ExitplanError(f"only {len(wide)} queries are labelled for all of {list(models)}")
-    return wide[list(models)]
+    return wide
 
 
 def quality_function(scores: np.ndarray, qualities: np.ndarray, steps: int) -> tuple[Any, np.ndarray, np.ndarray]:

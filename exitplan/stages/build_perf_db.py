@@ -73,11 +73,11 @@ def main(params: Params) -> dict[str, Any]:
     """Build ``<output_dir>/perf_db.parquet``, ``reports/build_perf_db/`` (metrics, curves CSV, PNG plots)."""
     section = params.build_perf_db
     catalog = load_catalog(params.path(params.catalog))
-    lengths = _lengths(params)
+    lengths, own = _lengths(params), _model_lengths(params)
     started = time.perf_counter()
     db = build_perf_db(catalog, section.models, section.gpus, params.simulator.engine, section.qps, lengths,
                        section.requests_per_point, section.seed, section.max_gpus_per_replica,
-                       section.layer_fractions, section.workers, model_lengths=_model_lengths(params))
+                       section.layer_fractions, section.workers, model_lengths=own)
     seconds = time.perf_counter() - started
     reports = params.path("reports") / STAGE
     write_parquet(params.path(section.output_dir) / DB_FILE, db)
@@ -93,6 +93,7 @@ def main(params: Params) -> dict[str, Any]:
         "saturated_share": float(db["saturated"].mean()),
         "build_s": seconds,
         "max_sustained_qps": {f"{m}:{g}": float(q) for (m, g), q in capacity.items()},
+        "lengths": {m: ("model_lengths" if m in own else f"trace {section.lengths_trace}") for m in section.models},
     }
     report = write_json(reports / "metrics.json", metrics)
     log_stage_run(STAGE, params.tracking, params.root, section.model_dump(), metrics, [report, *plots])

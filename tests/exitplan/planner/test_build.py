@@ -31,3 +31,10 @@ def test_quality_function_interpolates_the_measured_curve() -> None:
     between = (values[grid[:, 1] == 0.4][0] + values[grid[:, 1] == 0.5][0]) / 2
     assert quality(np.array([0.55, 0.45])) == pytest.approx(between)
     assert values[grid[:, 1] == 1.0][0] > values[grid[:, 1] == 0.5][0] > values[grid[:, 1] == 0.0][0]
+
+
+def test_quality_table_ignores_other_models_labelled_on_other_queries() -> None:
+    labels = pd.DataFrame({"model": ["s"] * 4 + ["l"] * 4 + ["x"] * 2, "dataset": ["d"] * 8 + ["e"] * 2,
+                           "query_id": list("abcd") * 2 + ["p", "q"], "quality": [0, 1, 0, 1, 1, 1, 1, 0, 1, 0.5]})
+    wide = quality_table(labels, ["s", "l"])
+    assert list(wide.columns) == ["s", "l"] and len(wide) == 4  # "x" labels other queries: no effect
