@@ -13,8 +13,8 @@ design's penalty (an infeasible plan = twice the worst latency) runs beside it, 
 proposals could not carry the load. The SLO for the P95 comparison is the scenario's quality floor
 (``min_quality``; if it has none, the quality that routing half the load to the large model gives); the baselines
 are the largest model alone, RouteLLM-uniform (fractions optimised, the budget split evenly between the models) and
-homogeneous on one GPU type (``--homo-gpu``, default the scenario's first). The full run adds the plain-kernel
-ablation and a sweep of loads x budgets.
+homogeneous (BOUTE-Homo: fractions and deployments optimised on the best single GPU type, or on ``--homo-gpu``).
+The full run adds the plain-kernel ablation and a sweep of loads x budgets.
 
 Usage:
     python benchmarks/planner.py --quick [--scenario llama2-boute]   # 40 MOBO evaluations (~1 min)
@@ -147,10 +147,11 @@ def ratio(ours, baseline) -> float:
 
 
 def main() -> None:
-    args, params = start(__doc__, {"--scenario": {"default": None, "help": "scenario name (default: the first)"},
-                                   "--homo-gpu": {"default": None, "help": "GPU type of the homogeneous baseline"},
-                                   "--load": {"type": float, "default": None, "help": "req/s instead of the scenario's"},
-                                   "--budget": {"type": float, "default": None, "help": "$/h instead of the scenario's"}})
+    args, params = start(__doc__, {
+        "--scenario": {"default": None, "help": "scenario name (default: the first)"},
+        "--homo-gpu": {"default": None, "help": "GPU type of the homogeneous baseline"},
+        "--load": {"type": float, "default": None, "help": "req/s instead of the scenario's"},
+        "--budget": {"type": float, "default": None, "help": "$/h instead of the scenario's"}})
     scenario, section = pick_scenario(params, args.scenario), params.plan
     scenario = scenario.model_copy(update={"load_qps": args.load or scenario.load_qps,
                                            "budget_per_hour": args.budget or scenario.budget_per_hour})
@@ -197,20 +198,20 @@ def main() -> None:
     order = np.argsort(routing["grid"][:, -1])
     slo = floor or float(np.interp(0.5, routing["grid"][order, -1], routing["values"][order]))
     found = baselines(problem, slo, steps=section.fraction_steps)
-    homo_gpu = args.homo_gpu or next(iter(scenario.gpus))
-    homo = best_under([p for p in fastest(problem, fraction_grid(len(problem.models), section.fraction_steps),
-                                          lambda i, c: all(g.gpu == homo_gpu for g in
-                                                           problem.candidates[problem.models[i]][c].groups))],
-                      min_quality=slo)
+    homo_gpu = args.homo_gpu
+    homo = found["homogeneous"] if homo_gpu is None else best_under(
+        fastest(problem, fraction_grid(len(problem.models), section.fraction_steps),
+                lambda i, c: all(g.gpu == homo_gpu for g in problem.candidates[problem.models[i]][c].groups)),
+        min_quality=slo)
     ours = best_under(mobo.plans, min_quality=slo)
     single = found[f"single-{problem.models[-1]}"]
     print(f"\nP95 at the SLO Q >= {slo:.3f} (${scenario.budget_per_hour}/h, {scenario.load_qps} req/s):")
     print(f"  {'MOBO (chosen plan)':<46}" + ("none meets it" if ours is None else
                                              f"{ours.latency:.3f} s  {describe_plan(problem, ours)}"))
-    shown = {**found, f"homogeneous-{homo_gpu}": homo}
+    shown = {**found, **({f"homogeneous-{homo_gpu}": homo} if homo_gpu else {})}
     for name, plan in shown.items():
-        print(f"  {name:<46}" + ("cannot meet it" if plan is None else
-                                 f"{plan.latency:.3f} s  ratio {ratio(ours, plan):.2f}  {describe_plan(problem, plan)}"))
+        print(f"  {name:<46}" + ("cannot meet it" if plan is None else f"{plan.latency:.3f} s  ratio "
+                                 f"{ratio(ours, plan):.2f}  {describe_plan(problem, plan)}"))
     if not args.quick:
         sweep(params, scenario, routing["quality"], slo)
     hv_ratio = hypervolume(mobo.plans, *ref) / hv_true

@@ -178,14 +178,14 @@ def _neighbour(problem: PlanProblem, theta: np.ndarray, rng: np.random.Generator
 def _pool(problem: PlanProblem, size: int, rng: np.random.Generator, tries: int = 200,
           around: Sequence[np.ndarray] = ()) -> np.ndarray:
     """Points within the budget and GPUs, deployment coordinates snapped to candidate centres (the discrete
-    choices): half random (a routing coordinate is pushed to an end now and then, so plans that load only some
-    models are in the pool), half neighbours of ``around`` (the current front) when given, the local moves a
-    discrete space needs to refine a front that random points rarely hit."""
+    choices): random ones (a routing coordinate is pushed to an end now and then, so plans that load only some
+    models are in the pool) and, a :data:`LOCAL_SHARE` of them, neighbours of ``around`` (the current front) when
+    given: the local moves a discrete space needs to refine a front that random points rarely hit."""
     points = []
     for t in range(size * tries):
         if len(points) >= size:
             break
-        if len(around) and t % 2:
+        if len(around) and rng.uniform() < LOCAL_SHARE:
             theta = _neighbour(problem, around[int(rng.integers(len(around)))], rng)
         else:
             theta = rng.uniform(size=problem.dim)
@@ -207,6 +207,11 @@ Feasibility = Literal["constraint", "penalty"]
 capacity over its load, :meth:`PlanProblem.headroom`) with a third GP and makes "headroom >= 0" an outcome
 constraint of qLogNEHVI, with the latency GP fitted on feasible plans only; ``penalty`` (the first design) feeds an
 infeasible plan to the latency GP as twice the worst latency seen."""
+
+LOCAL_SHARE = 0.1
+"""Share of the acquisition pool drawn next to the current front (the rest uniformly). Hypervolume shares after 40
+evaluations, seeds 0 and 1 (Qwen pair; llama2-k3): none 0.996, 0.964; 0.768, 0.784 - a tenth 0.996, 0.998;
+0.801, 0.785 - a quarter 0.924, 0.960; 0.862, 0.768 - a half 0.942, 0.998; 0.806."""
 
 MASK_PROBABILITY = 0.5
 """The acquisition is maximised only over pool points at least this likely (by the headroom GP) to carry their
