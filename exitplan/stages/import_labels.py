@@ -78,7 +78,8 @@ def main(params: Params) -> dict[str, Any]:
     for model in section.files:
         catalog.model(model)  # a model the catalog does not hold is a named error before anything is read
     try:
-        imported = import_annotations(params.path(section.source_dir), {m: f.name for m, f in section.files.items()},
+        imported = import_annotations(params.path(section.source_dir).resolve(),
+                                      {m: f.name for m, f in section.files.items()},
                                       {m: f.sha256 for m, f in section.files.items()})
     except LabelsMissing as exc:
         imported, skipped = _empty(), str(exc)
