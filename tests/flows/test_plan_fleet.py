@@ -141,6 +141,8 @@ def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) 
     assert set(labels[labels["model"] == LLAMA2]["metric"]) == {"user"}
     plan = json.loads((repo / "data" / "plan" / "tiny" / "plan.json").read_text())
     assert plan["cost_per_hour"] <= 1.2 and sum(m["fraction"] for m in plan["models"]) == pytest.approx(1.0)
+    assert plan["found_by"] in {"mobo", "exhaustive"}  # the best of MOBO's and the grid's plans: no baseline beats it
+    assert all(b is None or plan["predicted_p95_s"] <= b["p95_s"] + 1e-9 for b in plan["baselines"].values())
     assert (repo / "reports" / "plan" / "tiny" / "front.png").is_file()
     metrics = json.loads((repo / "reports" / "plan" / "metrics.json").read_text())
     assert "supply" in metrics["skipped"]["unlabelled"] or "label" in metrics["skipped"]["unlabelled"]

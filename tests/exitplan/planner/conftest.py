@@ -39,6 +39,12 @@ def problem() -> PlanProblem:
     return make_problem()
 
 
+@pytest.fixture
+def loaded() -> PlanProblem:
+    """The synthetic problem at a load most plans within the budget cannot carry."""
+    return loaded_problem()
+
+
 def loaded_problem(load: float = 30.0, budget: float = 20.0) -> PlanProblem:
     """The synthetic problem at a load most plans within the budget cannot carry (candidates at load shares)."""
     curves = {"small": synthetic_curves(1.0), "large": synthetic_curves(3.0)}
