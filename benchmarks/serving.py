@@ -31,6 +31,7 @@ import pandas as pd
 from common import start
 
 from exitplan.deploy import LocalFleet, wait_healthy
+from exitplan.routing.router_file import ROUTER_FILE
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -112,7 +113,7 @@ def pct(values, q) -> float:
 def main() -> None:
     args, params = start(__doc__)
     plan_dir = params.path(params.plan.output_dir) / params.plan.scenarios[0].name
-    plan, router = json.loads((plan_dir / "plan.json").read_text()), plan_dir / "router.pkl"
+    plan, router = json.loads((plan_dir / "plan.json").read_text()), plan_dir / ROUTER_FILE
     if not router.is_file():
         sys.exit(f"no routing model at {router}: run `make run` first")
     count, tokens, concurrency = (48, 12, 8) if args.quick else (96, 24, 8)

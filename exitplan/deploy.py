@@ -27,6 +27,7 @@ from typing import Any
 from exitplan.catalog import Catalog
 from exitplan.config import EngineParams, Params
 from exitplan.errors import ExitplanError
+from exitplan.routing.router_file import ROUTER_FILE
 
 
 @dataclass
@@ -301,8 +302,8 @@ def render_champion(params: Params) -> Rendered:
     out = params.path(params.deploy.output_dir)
     router: Path | None = None
     try:
-        blob = tracking.plan_artifact(params.tracking, params.root, name, version, suffix=".pkl")
-        router = write_atomic(out / "router.pkl", lambda tmp: Path(tmp).write_bytes(blob))
+        blob = tracking.plan_artifact(params.tracking, params.root, name, version, file_name=ROUTER_FILE)
+        router = write_atomic(out / ROUTER_FILE, lambda tmp: Path(tmp).write_bytes(blob))
     except FileNotFoundError:
         router = None  # a plan registered before routing models travelled with plans
     catalog = load_catalog(params.path(params.catalog))

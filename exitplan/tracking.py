@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from exitplan.config import TrackingParams
+from exitplan.routing.router_file import ROUTER_FILE
 
 MAX_PARAM_CHARS = 6000
 """MLflow rejects longer param values."""
@@ -151,8 +152,9 @@ def versions(settings: TrackingParams, root: Path, model_name: str) -> list[dict
 
 
 def plan_artifact(settings: TrackingParams, root: Path, model_name: str, version: str,
-                  suffix: str = ".json") -> bytes:
-    """The plan JSON a model version was registered with (``suffix=".pkl"``: its routing model)."""
+                  file_name: str | None = None) -> bytes:
+    """A file a model version was registered with: ``file_name`` (e.g. its routing model, ``router.json``), or by
+    default its plan JSON (the JSON artifact that is not the routing model)."""
     import tempfile
 
     import mlflow
@@ -160,9 +162,10 @@ def plan_artifact(settings: TrackingParams, root: Path, model_name: str, version
     mlflow.set_tracking_uri(tracking_uri(settings, root))
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{model_name}/{version}", dst_path=tmp))
-        found = sorted(p for p in local.rglob(f"*{suffix}") if p.parent.name == "artifacts")
+        found = sorted(p for p in local.rglob(file_name or "*.json") if p.parent.name == "artifacts"
+                       and (file_name or p.name != ROUTER_FILE))
         if not found:
-            raise FileNotFoundError(f"model version {model_name}/{version} holds no plan artifact")
+            raise FileNotFoundError(f"model version {model_name}/{version} holds no {file_name or 'plan JSON'}")
         return found[0].read_bytes()
 
 

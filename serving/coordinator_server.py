@@ -1,7 +1,7 @@
 """The coordinator process: ``python -m serving.coordinator_server --fleet fleet.json --port 8000``.
 
 ``fleet.json`` is written by ``exitplan deploy``: the plan's models and fractions, the replicas with their weights,
-the routing model (``router.pkl``) and the embedder's checkpoint. Requests to the coordinator carry the replicas'
+the routing model (``router.json``) and the embedder's checkpoint. Requests to the coordinator carry the replicas'
 API key onward when one is set.
 """
 
@@ -17,11 +17,12 @@ def build(fleet: dict[str, Any], api_key: str | None = None) -> Any:
     """The coordinator app for a fleet description."""
     from exitplan.errors import ExitplanError
     from serving.coordinator import Coordinator, Replica, ReplicaSet, ThresholdRouter, create_coordinator_app
-    from serving.scorer import BatchingScorer, RoutingModel, score_function
+    from exitplan.routing.router_file import load_router
+    from serving.scorer import BatchingScorer, score_function
 
     if not fleet.get("router") or not Path(fleet["router"]).is_file():
         raise ExitplanError(f"the fleet has no routing model ({fleet.get('router')}): re-run the plan stage")
-    routing = RoutingModel.from_bytes(Path(fleet["router"]).read_bytes())
+    routing = load_router(Path(fleet["router"]).read_bytes(), fleet["router"])
     if [m for m in routing.models if m in fleet["models"]] != fleet["models"]:
         raise ExitplanError(f"the routing model orders {routing.models}; the fleet has {fleet['models']}")
     sets = {}

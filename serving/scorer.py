@@ -1,6 +1,6 @@
 """The routing score of each request, computed in micro-batches off the event loop.
 
-The plan's routing model (``router.pkl``: embedder name, ridge scorer, models, score window) scores a prompt as the
+The plan's routing model (``router.json``: embedder name, ridge weights, models, score window) scores a prompt as the
 predicted quality gain of the large model over the small one. Requests that arrive together are embedded together:
 the first waits at most ``max_wait_s`` for others (up to ``max_batch``), then one embedding pass runs in a thread.
 The model time per batch is kept apart from the coordinator's own overhead.
@@ -9,7 +9,6 @@ The model time per batch is kept apart from the coordinator's own overhead.
 from __future__ import annotations
 
 import asyncio
-import pickle
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -19,28 +18,7 @@ from typing import Any
 
 import numpy as np
 
-
-@dataclass
-class RoutingModel:
-    """What the plan routes with.
-
-    Attributes:
-        embedder: Embedder id (a fetched checkpoint).
-        models: Models the scores order, smallest first.
-        scorer: Fitted :class:`~exitplan.routing.scores.EmbeddingScorer`.
-        window: Scores the plan's thresholds were cut from (the first recalibration window).
-    """
-
-    embedder: str
-    models: list[str]
-    scorer: Any
-    window: np.ndarray
-
-    @classmethod
-    def from_bytes(cls, blob: bytes) -> RoutingModel:
-        """Read a pickled ``router.pkl`` (written by the plan stage)."""
-        raw = pickle.loads(blob)
-        return cls(raw["embedder"], list(raw["models"]), raw["scorer"], np.asarray(raw["window"], float))
+from exitplan.routing.router_file import RoutingModel
 
 
 def score_function(routing: RoutingModel, embedder_checkpoint: Path) -> Callable[[Sequence[str]], np.ndarray]:

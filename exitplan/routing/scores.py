@@ -62,18 +62,30 @@ class EmbeddingScorer:
 
     def __init__(self, alpha: float = 1.0) -> None:
         self.alpha = alpha
-        self._fits: list[Any] = []
+        self.coef = np.zeros((0, 0))
+        """Ridge weights, ``K x d`` (one row per model)."""
+        self.intercept = np.zeros(0)
+        """Ridge intercepts, ``K``."""
 
     def fit(self, embeddings: np.ndarray, qualities: np.ndarray) -> EmbeddingScorer:
         """Fit on ``n x d`` embeddings and ``n x K`` quality labels (models from smallest to largest)."""
         from sklearn.linear_model import Ridge
 
-        self._fits = [Ridge(alpha=self.alpha).fit(embeddings, qualities[:, k]) for k in range(qualities.shape[1])]
+        fits = [Ridge(alpha=self.alpha).fit(embeddings, qualities[:, k]) for k in range(qualities.shape[1])]
+        self.coef = np.stack([f.coef_ for f in fits])
+        self.intercept = np.asarray([f.intercept_ for f in fits], float)
         return self
+
+    @classmethod
+    def from_weights(cls, coef: np.ndarray, intercept: np.ndarray) -> EmbeddingScorer:
+        """A fitted scorer from its weights (as :mod:`exitplan.routing.router_file` stores them)."""
+        scorer = cls()
+        scorer.coef, scorer.intercept = np.asarray(coef, float), np.asarray(intercept, float)
+        return scorer
 
     def predict_quality(self, embeddings: np.ndarray) -> np.ndarray:
         """Predicted quality of each model, ``n x K``."""
-        return np.stack([f.predict(embeddings) for f in self._fits], axis=1)
+        return np.asarray(embeddings, float) @ self.coef.T + self.intercept
 
     def score(self, embeddings: np.ndarray) -> np.ndarray:
         """Predicted gain of the largest model over the smallest, ``n``."""

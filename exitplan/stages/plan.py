@@ -11,11 +11,10 @@ import numpy as np
 from exitplan.atomic import write_atomic, write_json, write_parquet
 from exitplan.config import Params, PlanScenario
 from exitplan.errors import ExitplanError, LabelsNotFound
+from exitplan.routing.router_file import ROUTER_FILE, RoutingModel, dump_router
 from exitplan.tracking import register_plan
 
 STAGE = "plan"
-ROUTER = "router.pkl"
-"""File name of a scenario's routing model, beside its plan."""
 
 
 def router(params: Params, scenario: PlanScenario) -> dict[str, Any]:
@@ -184,21 +183,18 @@ def run_scenario(params: Params, scenario: PlanScenario) -> dict[str, Any]:
                 found_by="mobo" if chosen is from_mobo else "exhaustive",
                 mobo_p95_s=None if from_mobo is None else from_mobo.latency)
     write_json(out / "plan.json", plan)
-    save_router(out / ROUTER, section.embedder, scenario.models, routing["scorer"], routing["window"])
+    save_router(out / ROUTER_FILE, section.embedder, scenario.models, routing["scorer"], routing["window"])
     reports = params.path("reports") / STAGE / scenario.name
     png = plot_front(reports / "front.png", f"{scenario.name}: {scenario.load_qps} req/s, "
                      f"${scenario.budget_per_hour}/h", mobo.plans, truth, marks, chosen)
     return {"name": scenario.name, "plan": plan, "plan_path": out / "plan.json", "png": png,
-            "front": out / "front.parquet", "router": out / ROUTER}
+            "front": out / "front.parquet", "router": out / ROUTER_FILE}
 
 
 def save_router(path: Path, embedder: str, models: list[str], scorer: Any, window: np.ndarray) -> Path:
-    """Persist the routing model the plan's thresholds belong to: the embedder's name, the ridge scorer, the
-    models it orders and the score window the thresholds were cut from (pickle, atomically)."""
-    import pickle
-
-    blob = pickle.dumps({"embedder": embedder, "models": list(models), "scorer": scorer,
-                         "window": np.asarray(window, float)})
+    """Persist the routing model the plan's thresholds belong to (JSON, atomically; see
+    :mod:`exitplan.routing.router_file`)."""
+    blob = dump_router(RoutingModel(embedder, list(models), scorer, np.asarray(window, float)))
     return write_atomic(path, lambda tmp: Path(tmp).write_bytes(blob))
 
 
