@@ -42,7 +42,7 @@ from common import start  # benchmarks/ is the script's folder, so on sys.path
 from exitplan.catalog import load_catalog
 from exitplan.config import Params, PlanScenario
 from exitplan.errors import ExitplanError
-from exitplan.planner.baselines import baselines
+from exitplan.planner.baselines import baselines, on_one_type
 from exitplan.planner.build import problem_from
 from exitplan.planner.mobo import optimise
 from exitplan.planner.problem import PlanProblem, best_under, hypervolume, pareto
@@ -200,8 +200,7 @@ def main() -> None:
     found = baselines(problem, slo, steps=section.fraction_steps)
     homo_gpu = args.homo_gpu
     homo = found["homogeneous"] if homo_gpu is None else best_under(
-        fastest(problem, fraction_grid(len(problem.models), section.fraction_steps),
-                lambda i, c: all(g.gpu == homo_gpu for g in problem.candidates[problem.models[i]][c].groups)),
+        fastest(problem, fraction_grid(len(problem.models), section.fraction_steps), on_one_type(problem, homo_gpu)),
         min_quality=slo)
     ours = best_under(mobo.plans, min_quality=slo)
     single = found[f"single-{problem.models[-1]}"]

@@ -78,25 +78,34 @@ def not_served(params: Params, deployed: list[str]) -> str | None:
             f"for their inputs, not for how they serve")
 
 
-def other_scenario(params: Params, name: str) -> dict[str, Any] | None:
-    """The data suites of a scenario that is not promoted (its plan, the imported labels and lengths it rests on,
-    the perf DB); ``None`` when the plan stage skipped it."""
+def imported_suites(params: Params) -> list[SuiteResult]:
+    """The imported labels and answer lengths the other scenarios rest on (validated once for all of them)."""
+    gates, imported = params.gates, params.path(params.import_labels.output_dir)
+    return [validate("imported_labels", pd.read_parquet(imported / "labels.parquet"), suites.imported_labels(gates)),
+            validate("imported_lengths", pd.read_parquet(imported / "lengths.parquet"),
+                     suites.imported_lengths(gates))]
+
+
+def other_scenario(params: Params, name: str, inputs: list[SuiteResult]) -> dict[str, Any] | None:
+    """The data suites of a scenario that is not promoted: its plan, with the imported ``inputs`` (the perf DB is
+    in the promoted scenario's suites); ``None`` when the plan stage skipped it."""
     path = params.path(params.plan.output_dir) / name / "plan.json"
     if not path.is_file():
         return None
     plan = json.loads(path.read_text())
-    gates, imported = params.gates, params.path(params.import_labels.output_dir)
-    results = [validate("perf_db", pd.read_parquet(params.path(params.build_perf_db.output_dir) /
-                                                   "perf_db.parquet"), suites.perf_db(gates)),
-               validate("imported_labels", pd.read_parquet(imported / "labels.parquet"),
-                        suites.imported_labels(gates)),
-               validate("imported_lengths", pd.read_parquet(imported / "lengths.parquet"),
-                        suites.imported_lengths(gates)),
-               validate("plan", plan_frame(plan), suites.plan(gates))]
+    results = [*inputs, validate("plan", plan_frame(plan), suites.plan(params.gates))]
     deployed = [m["model"] for m in plan["models"] if m.get("deployed", True) and m["fraction"] > 0]
     return {"plan": str(path.relative_to(params.root)), "plan_sha256": sha256(path),
             "data_passed": all(r.success for r in results), "suites": [r.as_dict() for r in results],
             "not_served": not_served(params, deployed)}
+
+
+def other_scenarios(params: Params) -> dict[str, dict[str, Any] | None]:
+    """:func:`other_scenario` of every scenario after the first."""
+    names = [sc.name for sc in params.plan.scenarios[1:]]
+    planned = [n for n in names if (params.path(params.plan.output_dir) / n / "plan.json").is_file()]
+    inputs = imported_suites(params) if planned else []
+    return {n: other_scenario(params, n, inputs) for n in names}
 
 
 def run(params: Params) -> dict[str, Any]:
@@ -116,7 +125,7 @@ def run(params: Params) -> dict[str, Any]:
               "plan_sha256": sha256(path), "passed": all(r.success for r in results),
               "suites": [r.as_dict() for r in results],
               "quality": json.loads(table.to_json(orient="records")), "not_served": not_served(params, deployed),
-              "other_scenarios": {sc.name: other_scenario(params, sc.name) for sc in params.plan.scenarios[1:]}}
+              "other_scenarios": other_scenarios(params)}
     write_json(out / REPORT, report)
     return report
 

@@ -19,7 +19,8 @@ from exitplan.planner.problem import Plan, PlanProblem, best_under
 from exitplan.planner.search import fastest, fraction_grid
 
 
-def _on_one_type(problem: PlanProblem, gpu: str) -> Callable[[int, int], bool]:
+def on_one_type(problem: PlanProblem, gpu: str) -> Callable[[int, int], bool]:
+    """``allowed(model, candidate)``: the candidate uses only GPUs of type ``gpu``."""
     def ok(model: int, cand: int) -> bool:
         return all(g.gpu == gpu for g in problem.candidates[problem.models[model]][cand].groups)
     return ok
@@ -44,10 +45,10 @@ def baselines(problem: PlanProblem, min_quality: float, max_latency: float = flo
     for i, m in enumerate(problem.models):
         alone = [np.eye(k)[i]]
         out[f"single-{m}"] = best_under(fastest(problem, alone), max_latency, min_quality)
-        homo = [p for g in gpus for p in fastest(problem, alone, _on_one_type(problem, g))]
+        homo = [p for g in gpus for p in fastest(problem, alone, on_one_type(problem, g))]
         out[f"single-{m}-homo"] = best_under(homo, max_latency, min_quality)
     out["routellm-uniform"] = best_under(fastest(problem, grid, _even_gpus(problem)), max_latency, min_quality)
     out["routellm-uniform-budget"] = best_under(fastest(problem, grid, share=1.0 / k), max_latency, min_quality)
-    homo = [p for g in gpus for p in fastest(problem, grid, _on_one_type(problem, g))]
+    homo = [p for g in gpus for p in fastest(problem, grid, on_one_type(problem, g))]
     out["homogeneous"] = best_under(homo, max_latency, min_quality)
     return out

@@ -258,7 +258,8 @@ def _surrogate(xs: list[np.ndarray], plans: list[Plan], headroom: list[float],
     else:
         mask = torch.tensor(ok)
         h = torch.tensor(np.clip(headroom, -HEADROOM_CLIP, HEADROOM_CLIP), dtype=torch.double)[:, None]
-        gps = [_fit(x[mask], y[mask, :1], kernel()), _fit(x, y[:, 1:2], kernel()), _fit(x, h, _feasibility_kernel(x.shape[-1]))]
+        gps = [_fit(x[mask], y[mask, :1], kernel()), _fit(x, y[:, 1:2], kernel()),
+               _fit(x, h, _feasibility_kernel(x.shape[-1]))]
         observed = y[mask]
     return ModelListGP(*gps), observed
 
