@@ -780,8 +780,34 @@ class DeployParams(StrictModel):
     startup_timeout_s: float = Field(default=300.0, gt=0)
     """How long to wait for the local servers' ``/health``."""
 
-    api_key_env: str = "EXITPLAN_API_KEY"
-    """Environment variable holding the API key the servers require (unset: no key)."""
+    api_key_env: str = Field(default="EXITPLAN_API_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Environment variable holding the API key the servers require on every route but ``/health`` (unset: no
+    key). Never passed on a command line; the rendered vLLM launch scripts read it from this variable too."""
+
+    drain_s: float = Field(default=30.0, gt=0, le=3600)
+    """Grace of a server's drain: after SIGTERM new requests get 503 with ``Retry-After`` and running ones may
+    finish for this long; what still runs then ends with a clear error (503, or an error event in a stream)."""
+
+    max_body_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30)
+    """Largest request body the servers accept (413 beyond), checked before anything parses or tokenises it."""
+
+    max_attempts: int = Field(default=2, ge=1, le=16)
+    """Replicas the coordinator tries for one request that fails on a replica (a 5xx, a lost connection) before
+    the first byte reached its client; a replica's 429 moves the request on without counting here."""
+
+    failure_threshold: int = Field(default=3, ge=1, le=1000)
+    """Consecutive 5xx answers after which the coordinator takes a replica out of rotation (a lost connection or
+    a failed health probe takes it out at once): one bad request cannot take out every replica of a model."""
+
+    health_interval_s: float = Field(default=0.5, gt=0, le=60)
+    """Seconds between the coordinator's active health probes of each replica (``GET /health``)."""
+
+    require_api_key: bool = True
+    """Rendered launch scripts refuse to start vLLM without the API key in ``api_key_env`` (off: no key)."""
+
+    bind_all: bool = False
+    """Rendered launch scripts bind vLLM to 0.0.0.0 (reachable from other hosts) instead of 127.0.0.1. Set it when
+    the coordinator runs on another host; the scripts then still require the API key."""
 
 
 class Params(StrictModel):

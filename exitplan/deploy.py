@@ -56,9 +56,10 @@ class ReplicaLaunch:
 
 
 def vllm_args(model: str, tp: int, pp: int, port: int, engine: EngineParams, layers: int | None = None,
-              num_layers: int | None = None) -> list[str]:
-    """The ``vllm serve`` command of one replica, with the engine knobs the perf DB simulated."""
-    args = ["vllm", "serve", model, "--served-model-name", model, "--host", "0.0.0.0", "--port", str(port),
+              num_layers: int | None = None, host: str = "127.0.0.1") -> list[str]:
+    """The ``vllm serve`` command of one replica, with the engine knobs the perf DB simulated (bound to ``host``;
+    the API key comes from ``$VLLM_API_KEY``, set by the launch script, never from argv)."""
+    args = ["vllm", "serve", model, "--served-model-name", model, "--host", host, "--port", str(port),
             "--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp),
             "--max-num-seqs", str(engine.max_num_seqs), "--block-size", str(engine.block_size),
             "--gpu-memory-utilization", str(engine.gpu_memory_utilization)]
@@ -72,7 +73,8 @@ def vllm_args(model: str, tp: int, pp: int, port: int, engine: EngineParams, lay
     return args
 
 
-def render(plan: dict[str, Any], catalog: Catalog, engine: EngineParams, base_port: int) -> list[ReplicaLaunch]:
+def render(plan: dict[str, Any], catalog: Catalog, engine: EngineParams, base_port: int,
+           bind: str = "127.0.0.1") -> list[ReplicaLaunch]:
     """Replicas of every deployed model of ``plan``, packed onto hosts of their GPU type.
 
     Raises:
@@ -103,7 +105,8 @@ def render(plan: dict[str, Any], catalog: Catalog, engine: EngineParams, base_po
                 replicas.append(ReplicaLaunch(
                     entry["model"], gpu.id, f"{gpu.id}-{host}", devices, port,
                     float(next(weights, 1.0 / group["dp"])), group.get("layers", total),
-                    vllm_args(entry["model"], group["tp"], group["pp"], port, engine, group.get("layers"), total)))
+                    vllm_args(entry["model"], group["tp"], group["pp"], port, engine, group.get("layers"), total,
+                              bind)))
                 port += 1
     return replicas
 
@@ -120,17 +123,27 @@ def fleet_config(plan: dict[str, Any], replicas: list[ReplicaLaunch], params: Pa
             "replicas": [{"model": r.model, "url": (url_of or {}).get(r.port, f"http://{r.host}:{r.port}"),
                           "weight": r.weight} for r in replicas],
             "max_in_flight": section.max_in_flight, "request_timeout_s": section.request_timeout_s,
-            "cooldown_s": section.cooldown_s, "routing_window": section.routing_window}
+            "cooldown_s": section.cooldown_s, "routing_window": section.routing_window,
+            "max_attempts": section.max_attempts, "failure_threshold": section.failure_threshold,
+            "health_interval_s": section.health_interval_s, "drain_s": section.drain_s,
+            "max_body_bytes": section.max_body_bytes}
 
 
-def write_launch_files(out: Path, replicas: list[ReplicaLaunch], fleet: dict[str, Any], version: str) -> list[Path]:
-    """One ``launch-<host>.sh`` per GPU host, ``replicas.json`` and ``fleet.json`` (atomically)."""
+def write_launch_files(out: Path, replicas: list[ReplicaLaunch], fleet: dict[str, Any], version: str,
+                       api_key_env: str = "EXITPLAN_API_KEY", require_key: bool = True) -> list[Path]:
+    """One ``launch-<host>.sh`` per GPU host, ``replicas.json`` and ``fleet.json`` (atomically).
+
+    Each script refuses to start without ``$api_key_env`` (unless ``require_key`` is off) and hands it to vLLM as
+    ``$VLLM_API_KEY``, so the key is never on a command line."""
     from exitplan.atomic import write_atomic, write_json
 
     written = []
+    key = (f': "${{{api_key_env}:?set {api_key_env} to the API key the replicas require}}"'
+           if require_key else f': "${{{api_key_env}:=}}"')
     for host in sorted({r.host for r in replicas}):
         lines = ["#!/usr/bin/env bash", f"# exitplan plan version {version}: vLLM replicas of host {host}",
-                 "# vLLM runs in its own environment (it pins its own torch); logs go to vllm-<port>.log", "set -e"]
+                 "# vLLM runs in its own environment (it pins its own torch); logs go to vllm-<port>.log", "set -e",
+                 key, f'export VLLM_API_KEY="${{{api_key_env}}}"']
         for r in (r for r in replicas if r.host == host):
             env = f"CUDA_VISIBLE_DEVICES={','.join(map(str, r.devices))}"
             lines.append(f"{env} nohup {shlex.join(r.args)} > vllm-{r.port}.log 2>&1 &")
@@ -211,8 +224,6 @@ def start_local(params: Params, plan: dict[str, Any], router: Path | None, out: 
     """
     section = params.deploy
     python, env = sys.executable, {**os.environ, "PYTHONPATH": str(params.root)}
-    key = os.environ.get(section.api_key_env)
-    auth = ["--api-key", key] if key else []
     local = [m["model"] for m in plan["models"] if (params.checkpoint_path(m["model"]) / "config.json").is_file()]
     if not local:
         raise ExitplanError("no model of the plan has a checkpoint here: nothing to start locally")
@@ -227,7 +238,7 @@ def start_local(params: Params, plan: dict[str, Any], router: Path | None, out: 
                 cmd = [python, "-m", "serving.server", "--model", model, "--host", section.host, "--port", str(port),
                        "--params", str(params.root / "params.yaml"), "--memory-gib", f"{gib:.2f}",
                        "--max-context", str(section.max_context), "--max-queue", str(section.max_queue),
-                       "--request-timeout", str(section.request_timeout_s), *auth,
+                       "--request-timeout", str(section.request_timeout_s),
                        "--telemetry", str(params.path(params.reprofile.telemetry).parent / f"live-{port}.parquet")]
                 fleet.processes.append(subprocess.Popen(cmd, cwd=params.root, env=env))
                 wait_healthy(url, section.startup_timeout_s, fleet.processes[-1])
@@ -242,7 +253,7 @@ def start_local(params: Params, plan: dict[str, Any], router: Path | None, out: 
 
         fleet_path = write_json(out / "fleet-local.json", config)
         cmd = [python, "-m", "serving.coordinator_server", "--fleet", str(fleet_path), "--host", section.host,
-               "--port", str(section.coordinator_port), *auth]
+               "--port", str(section.coordinator_port), "--api-key-env", section.api_key_env]
         fleet.processes.append(subprocess.Popen(cmd, cwd=params.root, env=env))
         wait_healthy(fleet.coordinator_url, section.startup_timeout_s, fleet.processes[-1])
     except BaseException:
@@ -307,6 +318,8 @@ def render_champion(params: Params) -> Rendered:
     except FileNotFoundError:
         router = None  # a plan registered before routing models travelled with plans
     catalog = load_catalog(params.path(params.catalog))
-    replicas = render(plan, catalog, params.simulator.engine, params.deploy.base_port)
-    files = write_launch_files(out, replicas, fleet_config(plan, replicas, params, router), version)
+    replicas = render(plan, catalog, params.simulator.engine, params.deploy.base_port,
+                      "0.0.0.0" if params.deploy.bind_all else "127.0.0.1")
+    files = write_launch_files(out, replicas, fleet_config(plan, replicas, params, router), version,
+                               params.deploy.api_key_env, params.deploy.require_api_key)
     return Rendered(version, plan, router, replicas, files)

@@ -45,7 +45,7 @@ def reprofile_fleet(params_path: str = "params.yaml", telemetry: str | None = No
     params = check_config(Path(params_path))
     source = telemetry or params.reprofile.telemetry
     source = source if source.startswith(("http://", "https://")) else str(params.path(source))
-    current = read_telemetry(source, params.reprofile.window)
+    current = read_telemetry(source, params.reprofile.window, params.deploy.api_key_env)
     report = detect_drift(params, current)
     logger = get_run_logger()
     logger.info("drift tests on %d live vs %d reference requests:\n%s", report.current_requests,

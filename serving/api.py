@@ -2,9 +2,13 @@
 
 ``/v1/completions`` and ``/v1/chat/completions`` (streamed as server-sent events or not), ``/v1/models``,
 ``/health``, ``/metrics`` (Prometheus) and ``/telemetry`` (per-request exit layers and confidences, what
-``reprofile_fleet`` reads). Every malformed request gets a 4xx in OpenAI's error format: bad JSON or fields (400),
-a wrong API key (401), an unknown model (404), a prompt over the context (400); a full queue gets 429 with
-``Retry-After``, a draining server 503, a request over its time limit 504.
+``reprofile_fleet`` reads; prompt token ids only when asked for with ``?include_prompts=true``). Every malformed
+request gets a 4xx in OpenAI's error format: bad JSON or fields (400), a wrong API key (401, every route but
+``/health``: :mod:`serving.guard`), an unknown model (404), a body over the limit (413), a prompt over the context
+(400, by a character bound before tokenising when it cannot fit); a full queue gets 429 with ``Retry-After``, a
+draining server 503 with ``Retry-After``, a request over its time limit 504, a request still running when the drain's
+grace ends 503. Tokenising runs on a thread of its own, never on the event loop; a client that goes away cancels
+its request in the engine.
 """
 
 from __future__ import annotations
@@ -12,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
@@ -23,8 +28,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.engine.request import Request
+from serving.guard import DEFAULT_MAX_BODY_BYTES, Drain, Guard
 from serving.openai_schema import ChatRequest, CompletionRequest, completion, error_body, new_id
-from serving.worker import EngineWorker, QueueFull, ShuttingDown
+from serving.worker import EngineWorker, Failure, QueueFull, ShuttingDown
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -35,8 +43,10 @@ class ServerSettings:
         model: The model id clients name.
         max_context: Prompt + generation tokens a request may reserve.
         request_timeout_s: A request still unfinished after this is cancelled (504).
-        api_key: Bearer token required when set.
-        retry_after_s: ``Retry-After`` of a 429.
+        api_key: Bearer token required on every route but ``/health`` when set.
+        retry_after_s: ``Retry-After`` of a 429 or a draining 503.
+        max_body_bytes: Largest request body (413 beyond).
+        drain_s: Grace of a drain: how long running requests may take after SIGTERM.
     """
 
     model: str
@@ -44,6 +54,8 @@ class ServerSettings:
     request_timeout_s: float = 120.0
     api_key: str | None = None
     retry_after_s: int = 1
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    drain_s: float = 30.0
 
 
 class ApiError(Exception):
@@ -77,10 +89,42 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), status_code=exc.status_code)
 
 
-def check_key(request: HttpRequest, api_key: str | None) -> None:
-    """Refuse a request without the server's bearer token (when it has one)."""
-    if api_key and request.headers.get("authorization", "") != f"Bearer {api_key}":
-        raise ApiError(401, "invalid or missing API key", "authentication_error", "invalid_api_key")
+def failure_error(failure: Failure) -> ApiError:
+    """The :class:`ApiError` of a request the worker ended without an answer."""
+    kind = "invalid_request_error" if failure.status < 500 else "server_error"
+    headers = {"Retry-After": "1"} if failure.status == 503 else None
+    return ApiError(failure.status, failure.message, kind, failure.code, headers)
+
+
+class ClientGone(Exception):
+    """The client closed its connection before the answer was ready."""
+
+
+async def until_disconnected(receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+    """Return when the client of this request disconnects (ASGI ``http.disconnect``)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(http: HttpRequest, work: Awaitable[T]) -> T:
+    """``work``'s result, or :class:`ClientGone` (with ``work`` cancelled) when the client leaves first."""
+    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(until_disconnected(http.receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise ClientGone
+    return task.result()
+
+
+def longest_token_chars(tokenizer: Any) -> int:
+    """Characters the longest vocabulary entry spans (its byte-level spelling: an upper bound on the text any one
+    token covers), so that ``len(text) > tokens x this`` proves a text has more than ``tokens`` tokens."""
+    vocab = tokenizer.get_vocab()
+    return max((len(t) for t in vocab), default=1) or 1
 
 
 def sse(body: dict[str, Any] | str) -> str:
@@ -102,6 +146,8 @@ class EngineApi:
 
         self.worker, self.tokenizer, self.settings = worker, tokenizer, settings
         self.stop = stop_ids(tokenizer)
+        self.max_prompt_chars = settings.max_context * longest_token_chars(tokenizer)
+        self._tokenizing = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
         self._count = 0
 
     def prompt_ids(self, body: CompletionRequest | ChatRequest) -> list[int]:
@@ -112,12 +158,17 @@ class EngineApi:
             return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
         return list(self.tokenizer.encode(body.prompt))
 
-    def make_request(self, body: CompletionRequest | ChatRequest) -> Request:
-        """Validate against this server (model, context) and build the engine request."""
+    async def make_request(self, body: CompletionRequest | ChatRequest) -> Request:
+        """Validate against this server (model, context) and build the engine request (tokenised off the event
+        loop, after a character bound refused what cannot fit)."""
         if body.model != self.settings.model:
             raise ApiError(404, f"model '{body.model}' is not served here (serving '{self.settings.model}')",
                            code="model_not_found")
-        ids = self.prompt_ids(body)
+        chars = sum(len(m.content) for m in body.messages) if isinstance(body, ChatRequest) else len(body.prompt)
+        if chars > self.max_prompt_chars:
+            raise ApiError(400, f"the prompt ({chars} characters) cannot fit the context of "
+                                f"{self.settings.max_context} tokens", code="context_length_exceeded")
+        ids = await asyncio.get_running_loop().run_in_executor(self._tokenizing, self.prompt_ids, body)
         limit = body.limit() if isinstance(body, ChatRequest) else body.max_tokens
         if not ids:
             raise ApiError(400, "the prompt has no tokens")
@@ -159,27 +210,36 @@ class EngineApi:
             self.worker.cancel(request.request_id)
             raise
 
-    async def answer(self, body: CompletionRequest | ChatRequest) -> Any:
-        """Serve one request, streamed or whole."""
+    async def answer(self, body: CompletionRequest | ChatRequest, http: HttpRequest) -> Any:
+        """Serve one request, streamed or whole (a whole one is cancelled in the engine if its client leaves)."""
         chat = isinstance(body, ChatRequest)
-        request = self.make_request(body)
+        request = await self.make_request(body)
         queue = self.submit(request)
         rid = new_id("chatcmpl" if chat else "cmpl")
         if body.stream:
             return StreamingResponse(self._stream(rid, body.model, request, queue, chat),
                                      media_type="text/event-stream")
+        try:
+            finish = await unless_disconnected(http, self._whole(request, queue))
+        except ClientGone:
+            self.worker.metrics.rejected.labels("client_gone").inc()
+            return JSONResponse(error_body("client disconnected", "invalid_request_error"), status_code=499)
+        text = self.tokenizer.decode(request.output, skip_special_tokens=True)
+        return completion(rid, body.model, text, finish, chat, (len(request.prompt), len(request.output)))
+
+    async def _whole(self, request: Request, queue: asyncio.Queue) -> str:
+        """Wait for a whole answer; its finish reason."""
         finish = "stop"
         try:
             async for kind, value in self.events(request, queue):
                 if kind == "error":
-                    raise ApiError(400, value)
+                    raise failure_error(value)
                 if kind == "done":
                     finish = "length" if value == "length" else "stop"
         except TimeoutError as exc:
             raise ApiError(504, f"request timed out after {self.settings.request_timeout_s} s", "server_error",
                            "timeout") from exc
-        text = self.tokenizer.decode(request.output, skip_special_tokens=True)
-        return completion(rid, body.model, text, finish, chat, (len(request.prompt), len(request.output)))
+        return finish
 
     async def _stream(self, rid: str, model: str, request: Request, queue: asyncio.Queue,
                       chat: bool) -> AsyncIterator[str]:
@@ -187,7 +247,8 @@ class EngineApi:
         try:
             async for kind, value in self.events(request, queue):
                 if kind == "error":
-                    yield sse(error_body(value, "invalid_request_error"))
+                    error = failure_error(value)
+                    yield sse(error_body(error.message, error.kind, error.code))
                     break
                 text = self.tokenizer.decode(request.output, skip_special_tokens=True)
                 if kind == "tokens" and len(text) > len(sent) and text.startswith(sent):
@@ -203,41 +264,43 @@ class EngineApi:
         yield sse("[DONE]")
 
 
-def create_app(worker: EngineWorker, tokenizer: Any, settings: ServerSettings, drain_s: float = 30.0) -> FastAPI:
-    """The FastAPI app of one engine server; its lifespan starts the worker and drains it on shutdown."""
+def create_app(worker: EngineWorker, tokenizer: Any, settings: ServerSettings) -> FastAPI:
+    """The FastAPI app of one engine server behind its :class:`~serving.guard.Guard` (``app.state.drain`` is the
+    drain a :class:`~serving.lifecycle.DrainingServer` starts); its lifespan starts the worker and stops it."""
     from contextlib import asynccontextmanager
 
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     api = EngineApi(worker, tokenizer, settings)
+    drain = Drain(settings.drain_s, settings.retry_after_s, in_flight=lambda: worker.in_flight, abort=worker.abort)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         worker.start()
         yield
-        await asyncio.to_thread(worker.stop, drain_s)
+        drain.begin()
+        await asyncio.to_thread(worker.stop, max(settings.drain_s - (time.monotonic() - drain.started_at), 0.0))
 
     app = FastAPI(title="exitplan engine", lifespan=lifespan)
+    app.state.drain = drain
+    app.add_middleware(Guard, api_key=settings.api_key, drain=drain, max_body_bytes=settings.max_body_bytes)
     install_error_handlers(app)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: HttpRequest) -> Any:
-        check_key(http, settings.api_key)
-        return await api.answer(body)
+        return await api.answer(body, http)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, http: HttpRequest) -> Any:
-        check_key(http, settings.api_key)
-        return await api.answer(body)
+        return await api.answer(body, http)
 
     @app.get("/v1/models")
-    async def models(http: HttpRequest) -> dict[str, Any]:
-        check_key(http, settings.api_key)
+    async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": settings.model, "object": "model", "owned_by": "exitplan"}]}
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        ok = worker.healthy
+        ok = worker.healthy and not drain.draining
         return JSONResponse({"status": "ok" if ok else "draining", "model": settings.model,
                              "in_flight": worker.in_flight}, status_code=200 if ok else 503)
 
@@ -247,7 +310,8 @@ def create_app(worker: EngineWorker, tokenizer: Any, settings: ServerSettings, d
         return PlainTextResponse(generate_latest(worker.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/telemetry")
-    async def telemetry() -> list[dict[str, Any]]:
-        return list(worker.telemetry)
+    async def telemetry(include_prompts: bool = False) -> list[dict[str, Any]]:
+        rows = list(worker.telemetry)
+        return rows if include_prompts else [{k: v for k, v in row.items() if k != "prompt"} for row in rows]
 
     return app

@@ -1,8 +1,10 @@
 """The coordinator process: ``python -m serving.coordinator_server --fleet fleet.json --port 8000``.
 
 ``fleet.json`` is written by ``exitplan deploy``: the plan's models and fractions, the replicas with their weights,
-the routing model (``router.json``) and the embedder's checkpoint. Requests to the coordinator carry the replicas'
-API key onward when one is set.
+the routing model (``router.json``) and the embedder's checkpoint. The API key (from ``$EXITPLAN_API_KEY``, the
+variable ``--api-key-env`` names, or ``--api-key-file``; never argv) guards the coordinator's routes and is sent
+on to the replicas. SIGTERM drains (:mod:`serving.lifecycle`). A missing or corrupt fleet file, router or key file
+is one line naming it and exit 2.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ def build(fleet: dict[str, Any], api_key: str | None = None) -> Any:
     from exitplan.errors import ExitplanError
     from serving.coordinator import Coordinator, Replica, ReplicaSet, ThresholdRouter, create_coordinator_app
     from exitplan.routing.router_file import load_router
+    from serving.guard import DEFAULT_MAX_BODY_BYTES
     from serving.scorer import BatchingScorer, score_function
 
     if not fleet.get("router") or not Path(fleet["router"]).is_file():
@@ -34,24 +37,51 @@ def build(fleet: dict[str, Any], api_key: str | None = None) -> Any:
     router = ThresholdRouter(fleet["fractions"], routing.window, fleet.get("routing_window", 512))
     scorer = BatchingScorer(score_function(routing, Path(fleet["embedder"])))
     coordinator = Coordinator(fleet["models"], router, sets, scorer, fleet["fleet_name"], fleet["max_in_flight"],
-                              fleet["request_timeout_s"], fleet["cooldown_s"])
-    if api_key:
-        coordinator.client.headers["authorization"] = f"Bearer {api_key}"
-    return create_coordinator_app(coordinator, api_key)
+                              fleet["request_timeout_s"], fleet["cooldown_s"], fleet.get("max_attempts", 2),
+                              fleet.get("failure_threshold", 3), fleet.get("health_interval_s", 0.5), api_key)
+    return create_coordinator_app(coordinator, api_key, fleet.get("drain_s", 30.0),
+                                  fleet.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES))
+
+
+def read_fleet(path: Path) -> dict[str, Any]:
+    """The fleet file ``exitplan deploy`` wrote.
+
+    Raises:
+        ExitplanError: naming the file when it is missing, unreadable, not JSON or lacks a key.
+    """
+    from exitplan.errors import ExitplanError
+
+    try:
+        fleet = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ExitplanError(f"fleet file {path}: cannot be read as JSON ({exc}); run `exitplan deploy`") from exc
+    needed = ("models", "fractions", "replicas", "router", "embedder", "fleet_name", "max_in_flight",
+              "request_timeout_s", "cooldown_s")
+    missing = [k for k in needed if not isinstance(fleet, dict) or k not in fleet]
+    if missing:
+        raise ExitplanError(f"fleet file {path} lacks {missing}; run `exitplan deploy`")
+    return fleet
 
 
 def main() -> None:
-    """Parse arguments, build the app, serve it."""
-    import uvicorn
+    """Parse arguments, build the app, serve it until SIGTERM (draining first)."""
+    from exitplan.errors import ExitplanError
+    from serving.guard import API_KEY_ENV, read_api_key
+    from serving.lifecycle import serve_forever
+    from serving.process import PORT, arguments, fail
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--fleet", type=Path, required=True)
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--api-key", default=None)
-    args = parser.parse_args()
-    app = build(json.loads(args.fleet.read_text()), args.api_key)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=30)
+    parser.add_argument("--port", type=PORT, default=8000)
+    parser.add_argument("--api-key-env", default=API_KEY_ENV, help="Variable holding the API key.")
+    parser.add_argument("--api-key-file", type=Path, default=None, help="File holding the API key.")
+    args = arguments(parser)
+    try:
+        app = build(read_fleet(args.fleet), read_api_key(args.api_key_env, args.api_key_file))
+    except (ExitplanError, KeyError, TypeError, ValueError) as exc:
+        fail(exc if isinstance(exc, ExitplanError) else ExitplanError(f"fleet file {args.fleet}: {exc!r}"))
+    serve_forever(app, app.state.drain, args.host, args.port)
 
 
 if __name__ == "__main__":

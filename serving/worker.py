@@ -32,6 +32,21 @@ class ShuttingDown(ExitplanError):
     """The server is draining: no new requests."""
 
 
+@dataclass(frozen=True)
+class Failure:
+    """Why a request ended without an answer, as the API answers it.
+
+    Attributes:
+        status: HTTP status: 400 the request's fault, 500 the engine's, 503 the server stopped before it finished.
+        message: What happened.
+        code: OpenAI-style error code.
+    """
+
+    status: int
+    message: str
+    code: str | None = None
+
+
 @dataclass
 class Handle:
     """A submitted request and where its tokens go.
@@ -39,7 +54,7 @@ class Handle:
     Attributes:
         request: The engine request.
         on_event: Called (from the worker thread) with ``("tokens", [ids])``, ``("done", reason)`` or
-            ``("error", message)``.
+            ``("error", Failure)``.
         sent: Output tokens already handed over.
         submitted_s: ``time.perf_counter()`` at submission.
     """
@@ -118,12 +133,27 @@ class EngineWorker:
         """Stop a request (timed out, or its client went away); its blocks are freed at the next step."""
         self._inbox.put(("cancel", request_id))
 
+    def drain(self) -> None:
+        """Refuse new requests from now on (the ones running go on)."""
+        self._accepting = False
+
+    def abort(self, message: str = "the server shut down before the request finished") -> None:
+        """End every submitted request with a 503 :class:`Failure` (at the worker's next turn)."""
+        self._accepting = False
+        self._inbox.put(("abort", message))
+
     def stop(self, drain_s: float = 30.0) -> None:
-        """Refuse new requests, let in-flight ones finish (at most ``drain_s``), then stop the thread."""
+        """Refuse new requests, let in-flight ones finish (at most ``drain_s``), end the rest with a 503
+        :class:`Failure`, then stop the thread."""
         self._accepting = False
         deadline = time.monotonic() + drain_s
         while self.in_flight and time.monotonic() < deadline and self._thread.is_alive():
             time.sleep(0.02)
+        if self.in_flight and self._thread.is_alive():
+            self.abort(f"the server shut down before the request finished (drain of {drain_s:g} s)")
+            deadline = time.monotonic() + 5
+            while self.in_flight and time.monotonic() < deadline:
+                time.sleep(0.02)
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
@@ -148,7 +178,7 @@ class EngineWorker:
             try:
                 record = self.engine.step()
             except Exception as exc:  # noqa: BLE001 - an engine failure fails its requests, never the server
-                self._fail_all(f"engine error: {exc}")
+                self._fail_all(Failure(500, f"engine error: {exc}", "engine_error"))
                 continue
             if record is not None:
                 self.metrics.step(record)
@@ -163,8 +193,10 @@ class EngineWorker:
             kind, value = item
             if kind == "add":
                 self._add(value)
-            else:
+            elif kind == "cancel":
                 self._cancel(value)
+            else:
+                self._fail_all(Failure(503, value, "shutting_down"))
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -176,7 +208,10 @@ class EngineWorker:
             try:
                 self.engine.add(handle.request)
             except ExitplanError as exc:
-                handle.on_event("error", str(exc))
+                handle.on_event("error", Failure(400, str(exc)))
+                return
+            except Exception as exc:  # noqa: BLE001 - a request the engine cannot take fails alone
+                handle.on_event("error", Failure(500, f"engine refused the request: {exc}", "engine_error"))
                 return
             self._handles[handle.request.request_id] = handle
 
@@ -209,9 +244,9 @@ class EngineWorker:
         self._events_seen = len(self.engine.telemetry.events)
         self.metrics.queue_depth.set(self.queue_depth())
 
-    def _fail_all(self, message: str) -> None:
+    def _fail_all(self, failure: Failure) -> None:
         for handle in self._handles.values():
-            handle.on_event("error", message)
+            handle.on_event("error", failure)
         self._handles.clear()
         pool = self.engine.served.pool if self.engine.served is not None else None
         for request in self.engine.running:

@@ -12,11 +12,14 @@ from exitplan.profiling.drift import DriftReport
 
 
 @task(name="read-telemetry", retries=2, retry_delay_seconds=10)
-def read_telemetry(source: str, window: int) -> pd.DataFrame:
-    """The live window of per-request telemetry (a file, or a running engine's URL)."""
+def read_telemetry(source: str, window: int, api_key_env: str = "EXITPLAN_API_KEY") -> pd.DataFrame:
+    """The live window of per-request telemetry (a file, or a running engine's URL, with the key in
+    ``$api_key_env``)."""
+    import os
+
     from exitplan.profiling.drift import read_telemetry as read
 
-    return read(source, window)
+    return read(source, window, os.environ.get(api_key_env))
 
 
 @task(name="detect-drift")

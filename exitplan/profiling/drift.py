@@ -167,13 +167,14 @@ def detect(reference: pd.DataFrame, current: pd.DataFrame, threshold: float, alp
     return DriftReport(*sizes, tests=tests)
 
 
-def read_telemetry(source: str, window: int) -> pd.DataFrame:
+def read_telemetry(source: str, window: int, api_key: str | None = None) -> pd.DataFrame:
     """The last ``window`` requests of per-request telemetry from a Parquet file or a running engine's URL.
 
     Args:
         source: A path or glob (several engines' files are joined), or an ``http(s)://`` URL answering JSON rows
-            (the API server's ``/telemetry``).
+            (the API server's ``/telemetry``, asked for the prompt token ids a snapshot needs).
         window: Most recent requests kept.
+        api_key: Bearer token of the engine server (its ``/telemetry`` needs it when the server has one).
 
     Raises:
         ExitplanError: when the file is missing or the URL does not answer.
@@ -182,11 +183,15 @@ def read_telemetry(source: str, window: int) -> pd.DataFrame:
         import json
         import urllib.request
 
+        url = source if "include_prompts" in source else f"{source}{'&' if '?' in source else '?'}include_prompts=true"
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         try:
-            with urllib.request.urlopen(source, timeout=30) as reply:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as reply:
                 frame = pd.DataFrame(json.loads(reply.read()))
         except OSError as exc:
             raise ExitplanError(f"telemetry URL {source} did not answer: {exc}") from exc
+        except ValueError as exc:
+            raise ExitplanError(f"telemetry URL {source} did not answer JSON rows: {exc}") from exc
     else:
         import glob
 

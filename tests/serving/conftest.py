@@ -22,13 +22,18 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve(app, port: int | None = None) -> Iterator[str]:
-    """Run ``app`` with uvicorn on 127.0.0.1 in a thread; yields its base URL; shuts it down gracefully."""
+def serve(app, port: int | None = None, servers: list | None = None) -> Iterator[str]:
+    """Run ``app`` with uvicorn on 127.0.0.1 in a thread (a :class:`DrainingServer`, appended to ``servers`` when
+    given); yields its base URL; shuts it down gracefully."""
     import uvicorn
 
+    from serving.lifecycle import DrainingServer
+
     port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=20))
+    server = DrainingServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           timeout_graceful_shutdown=20), app.state.drain)
+    if servers is not None:
+        servers.append(server)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
@@ -49,7 +54,8 @@ def serve(app, port: int | None = None) -> Iterator[str]:
 
 
 def engine_app(checkpoint: Path, name: str = SMOLLM2, max_queue: int = 64, timeout_s: float = 60.0,
-               api_key: str | None = None, max_num_seqs: int = 8, telemetry: Path | None = None):
+               api_key: str | None = None, max_num_seqs: int = 8, telemetry: Path | None = None,
+               drain_s: float = 20.0):
     from exitplan.profiling.pht import PerformanceHistoryTable
     from serving.api import ServerSettings
     from serving.engine.engine import EngineConfig
@@ -57,9 +63,8 @@ def engine_app(checkpoint: Path, name: str = SMOLLM2, max_queue: int = 64, timeo
     from serving.server import make_app
 
     config = EngineConfig(memory_budget_bytes=2 * 2**30, mode="full", max_num_seqs=max_num_seqs)
-    settings = ServerSettings(name, max_context=512, request_timeout_s=timeout_s, api_key=api_key)
-    return make_app(Candidate(name, checkpoint), config, PerformanceHistoryTable(), settings, max_queue, telemetry,
-                    drain_s=20)
+    settings = ServerSettings(name, max_context=512, request_timeout_s=timeout_s, api_key=api_key, drain_s=drain_s)
+    return make_app(Candidate(name, checkpoint), config, PerformanceHistoryTable(), settings, max_queue, telemetry)
 
 
 @pytest.fixture(scope="module")

@@ -48,7 +48,9 @@ def test_concurrent_requests_are_batched_and_counted(engine_url: str, client: op
     count = [line for line in metrics.splitlines() if line.startswith("exitplan_batch_size_count")]
     assert float(batches[0].split()[-1]) > float(count[0].split()[-1])  # some step ran more than one sequence
     telemetry = httpx.get(f"{engine_url}/telemetry").json()
-    assert len(telemetry) >= 6 and {"exit_layers", "confidences", "prompt"} <= set(telemetry[0])
+    assert len(telemetry) >= 6 and {"exit_layers", "confidences"} <= set(telemetry[0])
+    assert "prompt" not in telemetry[0]  # prompt token ids only when asked for
+    assert "prompt" in httpx.get(f"{engine_url}/telemetry", params={"include_prompts": "true"}).json()[0]
 
 
 @pytest.mark.parametrize(("body", "status", "words"), [
