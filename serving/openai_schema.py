@@ -11,15 +11,18 @@ from pydantic import BaseModel, ConfigDict, Field
 MAX_TOKENS_LIMIT = 4096
 """Largest ``max_tokens`` accepted (a server may allow less: its context)."""
 
+MAX_SEED = 2**64 - 1
+"""Largest ``seed``: what ``torch.Generator.manual_seed`` accepts (beyond it torch raises, which was a 500)."""
+
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str = Field(min_length=1)
     max_tokens: int = Field(default=16, ge=1, le=MAX_TOKENS_LIMIT)
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     stream: bool = False
-    seed: int | None = Field(default=None, ge=0)
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     user: str | None = None
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -11,6 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
+
+from exitplan import REPO_ROOT
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -71,3 +77,30 @@ def engine_app(checkpoint: Path, name: str = SMOLLM2, max_queue: int = 64, timeo
 def engine_url(smollm2_checkpoint: Path) -> Iterator[str]:
     with serve(engine_app(smollm2_checkpoint)) as url:
         yield url
+
+
+def engine_process(checkpoint: Path, tmp: Path, name: str, port: int | None = None,
+                   env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """An engine server in its own process (so it can be killed), serving ``checkpoint`` as ``name``."""
+    tree = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    tree["catalog"] = str(REPO_ROOT / "model_repository" / "catalog.yaml")
+    tree["tracking"]["enabled"] = False
+    tree["fetch_models"]["checkpoint_dir"] = str(tmp / "checkpoints")
+    (tmp / "checkpoints" / name).parent.mkdir(parents=True, exist_ok=True)
+    if not (tmp / "checkpoints" / name).exists():
+        (tmp / "checkpoints" / name).symlink_to(checkpoint)
+    (tmp / "params.yaml").write_text(yaml.safe_dump(tree))
+    port = port or free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "serving.server", "--model", name, "--port", str(port),
+                             "--params", str(tmp / "params.yaml"), "--memory-gib", "1", "--max-context", "512"],
+                            cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("engine process did not start")

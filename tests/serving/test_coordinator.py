@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,14 +12,12 @@ import httpx
 import numpy as np
 import openai
 import pytest
-import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exitplan import REPO_ROOT
 from serving.coordinator import Coordinator, Replica, ReplicaSet, ThresholdRouter, create_coordinator_app
 from serving.scorer import BatchingScorer
-from tests.serving.conftest import engine_app, free_port, serve
+from tests.serving.conftest import engine_app, engine_process, serve
 
 SMALL, LARGE = "fleet/small", "fleet/large"
 
@@ -89,34 +84,8 @@ def test_a_full_coordinator_returns_429(smollm2_checkpoint: Path) -> None:
     assert next(r for r in codes if r.status_code == 429).headers["retry-after"] == "1"
 
 
-def _engine_process(checkpoint: Path, tmp: Path, name: str) -> tuple[subprocess.Popen, str]:
-    """An engine server in its own process (so it can be killed), serving ``checkpoint`` as ``name``."""
-    tree = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
-    tree["catalog"] = str(REPO_ROOT / "model_repository" / "catalog.yaml")
-    tree["tracking"]["enabled"] = False
-    tree["fetch_models"]["checkpoint_dir"] = str(tmp / "checkpoints")
-    (tmp / "checkpoints" / name).parent.mkdir(parents=True, exist_ok=True)
-    if not (tmp / "checkpoints" / name).exists():
-        (tmp / "checkpoints" / name).symlink_to(checkpoint)
-    (tmp / "params.yaml").write_text(yaml.safe_dump(tree))
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "serving.server", "--model", name, "--port", str(port),
-                             "--params", str(tmp / "params.yaml"), "--memory-gib", "1", "--max-context", "512"],
-                            cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("engine process did not start")
-
-
 def test_killing_a_replica_under_load_loses_no_request(smollm2_checkpoint: Path, tmp_path: Path) -> None:
-    victim, victim_url = _engine_process(smollm2_checkpoint, tmp_path, SMALL)
+    victim, victim_url = engine_process(smollm2_checkpoint, tmp_path, SMALL)
     try:
         with serve(engine_app(smollm2_checkpoint, SMALL)) as survivor:
             coord = coordinator({SMALL: [(victim_url, 0.5), (survivor, 0.5)], LARGE: [(survivor, 1.0)]})
@@ -143,6 +112,7 @@ def test_killing_a_replica_under_load_loses_no_request(smollm2_checkpoint: Path,
 BODY_KEYS = st.sampled_from(["model", "prompt", "max_tokens", "temperature", "stream", "messages", "seed", "n",
                              "max_completion_tokens", "stop"])
 VALUES = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.floats(allow_nan=True),
+                   st.sampled_from([0, -1, 2**63, 2**64, 2**70, 10**400 // 10**300, float("inf"), float("-inf")]),
                    st.text(max_size=40), st.sampled_from(["exitplan", SMALL, LARGE]),
                    st.lists(st.one_of(st.text(max_size=5), st.integers(),
                                       st.fixed_dictionaries({"role": st.text(max_size=8), "content": st.text(max_size=8)})),
