@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from exitplan.errors import CatalogError
 from exitplan.yaml_model import StrictModel, load_yaml_model
@@ -44,7 +44,7 @@ class Efficiency(StrictModel):
     link: float = Field(gt=0, le=1)
     """Fraction of the link bandwidth reached by all-reduces."""
 
-    memory_scale: dict[int, float] | None = None
+    memory_scale: dict[PositiveInt, PositiveFloat] | None = None
     """Multiplier on the memory bandwidth by the tokens a step carries (the row count of its GEMMs), interpolated
     between the given sizes and held at the edge values beyond them. Kernels change regime at small batches (a
     one-row GEMV streams weights faster than a few-row GEMM); ``profile_device`` fits this for a measured device.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -80,7 +81,11 @@ def _convert_gguf(model: Model, gguf: Path, out: Path, dtype: str) -> dict[str, 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     started = time.perf_counter()
-    hf_model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except (ValueError, KeyError, OSError, EOFError) as exc:  # its parts matched their hashes: a bad catalog entry
+        raise FetchError(f"{model.name}: the assembled GGUF cannot be read ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''}); check the catalog's source") from exc
     _check_architecture(hf_model.config, model)
     # A dequantised model is a plain model now: drop the GGUF quantiser so save_pretrained writes plain weights.
     hf_model.hf_quantizer = None
@@ -107,6 +112,37 @@ def _copy_safetensors_dir(source: ModelSource, out: Path) -> None:
             shutil.copyfileobj(src, dst)
 
 
+SCRATCH_OWNER = "owner.pid"
+"""File in a fetch's scratch folder naming the process that writes it."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_abandoned_scratch(out_dir: Path) -> list[Path]:
+    """Remove the scratch folders that killed fetches of this checkpoint left (``.<name>.*`` beside it, whose
+    writing process is gone); a running fetch's folder is kept. Returns the folders removed."""
+    removed = []
+    for scratch in out_dir.parent.glob(f".{out_dir.name}.*"):
+        owner = scratch / SCRATCH_OWNER
+        try:
+            pid = int(owner.read_text())
+        except (OSError, ValueError):
+            pid = None  # no owner file: a fetch from before owners were written, or one killed at its start
+        if scratch.is_dir() and (pid is None or not _alive(pid)):
+            shutil.rmtree(scratch, ignore_errors=True)
+            removed.append(scratch)
+            log.info("removed %s, left by a fetch that was killed", scratch)
+    return removed
+
+
 def fetch_checkpoint(entry: Model | Embedder, out_dir: Path, dtype: str = "float32") -> dict[str, float]:
     """Build the checkpoint of one catalog entry into ``out_dir`` (replacing it only when complete).
 
@@ -125,7 +161,9 @@ def fetch_checkpoint(entry: Model | Embedder, out_dir: Path, dtype: str = "float
         raise FetchError(f"{entry.name} has no source in the catalog (it is simulated only)")
     started = time.perf_counter()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    remove_abandoned_scratch(out_dir)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    (scratch / SCRATCH_OWNER).write_text(str(os.getpid()))
     try:
         staged = scratch / "checkpoint"
         staged.mkdir()

@@ -115,26 +115,26 @@ def simulate(
     import json
 
     from exitplan.catalog import load_catalog
-    from exitplan.errors import SimulationError
     from exitplan.simulator.cluster import simulate_cluster
     from exitplan.simulator.cost_model import ReplicaSpec
     from exitplan.simulator.metrics import summarize
+    from exitplan.simulator.options import check_options, engine_with
     from exitplan.simulator.replica import ReplicaSimulator
     from exitplan.simulator.requests import generate_requests, read_trace
 
     loaded = _params(params)
-    if arrival not in ("poisson", "gamma", "burst"):
-        raise SimulationError(f"--arrival must be poisson, gamma or burst (got '{arrival}')")
-    if replicas < 1:
-        raise SimulationError(f"--replicas must be >= 1 (got {replicas})")
+    opts = check_options({"tp": tp, "pp": pp, "replicas": replicas, "qps": qps, "requests": requests,
+                          "prompt_len": prompt_len, "output_len": output_len, "seed": seed, "arrival": arrival,
+                          "burstiness": burstiness, "layers": layers})
     cat = load_catalog(loaded.path(loaded.catalog))
-    spec = ReplicaSpec(cat.model(model), cat.gpu(gpu), tp, pp, layers)
+    spec = ReplicaSpec(cat.model(model), cat.gpu(gpu), opts.tp, opts.pp, opts.layers)
     overrides = {k: v for k, v in {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
                                    "block_size": block_size}.items() if v is not None}
-    engine = loaded.simulator.engine.model_copy(update={**overrides, "enable_chunked_prefill": chunked_prefill})
-    offered = (read_trace(trace, requests) if trace else
-               generate_requests(requests, qps, prompt_len, output_len, seed, arrival, burstiness))
-    results = simulate_cluster(offered, [ReplicaSimulator(spec, engine) for _ in range(replicas)])
+    engine = engine_with(loaded.simulator.engine, {**overrides, "enable_chunked_prefill": chunked_prefill})
+    offered = (read_trace(trace, opts.requests) if trace else
+               generate_requests(opts.requests, opts.qps, opts.prompt_len, opts.output_len, opts.seed, opts.arrival,
+                                 opts.burstiness))
+    results = simulate_cluster(offered, [ReplicaSimulator(spec, engine) for _ in range(opts.replicas)])
     metrics = summarize(results)
     if as_json:
         print(json.dumps(metrics))

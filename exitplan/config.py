@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, NonNegativeFloat, PositiveInt, PrivateAttr, field_validator, model_validator
 
 from exitplan.errors import ConfigError
 from exitplan.yaml_model import StrictModel, load_yaml_model
@@ -25,6 +25,9 @@ ArrivalKind = Literal["poisson", "gamma", "replay", "burst"]
 """Arrival processes: Poisson, gamma (burstiness = shape), replay of given timestamps, or all at t = 0."""
 
 DEFAULT_PARAMS = "params.yaml"
+
+Probability = Annotated[float, Field(ge=0, le=1)]
+"""A share or a confidence threshold, in [0, 1]."""
 
 
 class TrackingParams(StrictModel):
@@ -94,7 +97,7 @@ class TraceParams(StrictModel):
     timestamps_file: str | None = None
     """For ``replay``: a CSV or Parquet file with an ``arrival_s`` column of arrival times in seconds."""
 
-    mix: dict[DatasetName, float] = Field(default_factory=lambda: {"sharegpt": 1.0})
+    mix: dict[DatasetName, NonNegativeFloat] = Field(default_factory=lambda: {"sharegpt": 1.0})
     """Share of requests drawn from each data set (weights, normalised to sum 1)."""
 
     @field_validator("name")
@@ -305,7 +308,7 @@ class TrainExitsParams(StrictModel):
     """Positions per sequence that enter the loss of a step (empty: all). The vocabulary projection dominates a
     step's cost, so fewer positions make steps cheaper while the head still attends over the whole sequence."""
 
-    thresholds: list[float] = Field(default_factory=lambda: [0.5, 0.8, 0.9], min_length=1)
+    thresholds: list[Probability] = Field(default_factory=lambda: [0.5, 0.8, 0.9], min_length=1)
     """Confidence thresholds at which confident shares and agreements are reported."""
 
     seed: int = Field(default=0, ge=0)
@@ -382,13 +385,13 @@ class ProfileDeviceParams(StrictModel):
     device_id: str = Field(default="local-cpu", pattern=r"^[a-z0-9-]+$")
     """Id of the fitted device entry (written next to the catalog's GPUs, in the stage's output)."""
 
-    batch_sizes: list[int] = Field(default_factory=lambda: [1, 2, 4, 8], min_length=1)
+    batch_sizes: list[PositiveInt] = Field(default_factory=lambda: [1, 2, 4, 8], min_length=1)
     """Decode batch sizes timed."""
 
-    contexts: list[int] = Field(default_factory=lambda: [64, 256], min_length=1)
+    contexts: list[PositiveInt] = Field(default_factory=lambda: [64, 256], min_length=1)
     """Cached context per sequence of the timed decode steps."""
 
-    prefill_lengths: list[int] = Field(default_factory=lambda: [16, 64, 256], min_length=1)
+    prefill_lengths: list[PositiveInt] = Field(default_factory=lambda: [16, 64, 256], min_length=1)
     """Prompt lengths of the timed prefill passes."""
 
     partial_depth: float | None = Field(default=0.5, gt=0, lt=1)
@@ -507,7 +510,7 @@ class PlanScenario(StrictModel):
     models: list[str] = Field(min_length=2)
     """Models to route between, smallest first; each needs perf-DB rows and quality labels."""
 
-    gpus: dict[str, int] = Field(min_length=1)
+    gpus: dict[str, PositiveInt] = Field(min_length=1)
     """GPU type -> GPUs available."""
 
     budget_per_hour: float = Field(gt=0)

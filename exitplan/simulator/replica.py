@@ -24,6 +24,10 @@ from exitplan.errors import SimulationError
 from exitplan.simulator.cost_model import CostModel, ReplicaSpec
 
 
+MAX_TOKENS = 10_000_000
+"""Longest prompt or output a request of the simulator may have (beyond any model's context)."""
+
+
 @dataclass(frozen=True)
 class RequestSet:
     """Requests offered to a replica (or a cluster), by arrival.
@@ -42,10 +46,15 @@ class RequestSet:
         n = len(self.arrival_s)
         if not (len(self.prompt_len) == len(self.output_len) == n) or n == 0:
             raise SimulationError("a request set needs equal, non-zero numbers of arrivals, prompts and outputs")
+        if not np.all(np.isfinite(self.arrival_s)):
+            raise SimulationError("arrival times must be finite numbers (no NaN or infinity)")
         if np.any(np.diff(self.arrival_s) < 0) or np.any(self.arrival_s < 0):
             raise SimulationError("arrival times must be non-negative and sorted")
-        if np.any(self.prompt_len < 1) or np.any(self.output_len < 1):
-            raise SimulationError("prompt and output lengths must be >= 1 token")
+        for name, lengths in (("prompt", self.prompt_len), ("output", self.output_len)):
+            if not np.issubdtype(np.asarray(lengths).dtype, np.integer):
+                raise SimulationError(f"{name} lengths must be whole numbers of tokens")
+            if np.any(lengths < 1) or np.any(lengths > MAX_TOKENS):
+                raise SimulationError(f"{name} lengths must be between 1 and {MAX_TOKENS} tokens")
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -369,9 +378,21 @@ class _Run:
 
     # --- main loop -----------------------------------------------------------------------------------------------
     def simulate(self) -> ReplicaResult:
+        """Run to the last completion.
+
+        Raises:
+            SimulationError: when a request can never run, or (a guard against a bug looping forever) the loop
+                exceeds a budget of iterations proportional to the work: every iteration admits, prefills or
+                decodes at least one token, so a correct run stays far below it.
+        """
         arrivals = self.req.arrival_s
         target = int((~self.rejected).sum())
+        budget = 4 * (len(self.req) + int(self.req.prompt_len.sum()) + int(self.req.output_len.sum())) + 10_000
         while self.done < target:
+            budget -= 1
+            if budget < 0:
+                raise SimulationError(f"the simulation did not finish ({self.done} of {target} requests done after "
+                                      f"the iteration budget): a bug; please report the inputs")
             self._admit_arrivals()
             if not len(self.r_id) and not self.waiting:
                 self.t = max(self.t, float(arrivals[self.next_arrival]))

@@ -20,8 +20,10 @@ def generate_requests(num_requests: int, qps: float, prompt_len: int | np.ndarra
     Raises:
         SimulationError: for QPS <= 0 or lengths < 1.
     """
-    if qps <= 0:
-        raise SimulationError(f"qps must be > 0 (got {qps})")
+    if not (np.isfinite(qps) and qps > 0):
+        raise SimulationError(f"qps must be a finite number > 0 (got {qps})")
+    if not (np.isfinite(burstiness) and burstiness > 0):
+        raise SimulationError(f"burstiness must be a finite number > 0 (got {burstiness})")
     if num_requests < 1:
         raise SimulationError(f"requests must be >= 1 (got {num_requests})")
     rng = np.random.default_rng(seed)
@@ -43,16 +45,31 @@ def read_trace(path: Path, limit: int | None = None) -> RequestSet:
     """A trace file (Parquet or CSV, e.g. ``data/workload/trace_<name>.parquet``) as a request set.
 
     Raises:
-        SimulationError: if the file is missing or lacks a column of :data:`TRACE_COLUMNS`.
+        SimulationError: naming the file if it is missing, empty, unreadable (corrupt, truncated, not UTF-8), lacks
+            a column of :data:`TRACE_COLUMNS`, or holds values that are not finite numbers or whole token counts.
     """
     import pandas as pd
 
     if not path.is_file():
         raise SimulationError(f"trace file {path} not found")
-    frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    try:
+        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path, encoding="utf-8")
+    except Exception as exc:  # noqa: BLE001 - pyarrow and pandas raise many types for a bad file
+        raise SimulationError(f"trace file {path} cannot be read ({type(exc).__name__}: {exc})") from exc
     missing = [c for c in TRACE_COLUMNS if c not in frame.columns]
     if missing:
         raise SimulationError(f"trace file {path} lacks columns {missing}")
+    if frame.empty:
+        raise SimulationError(f"trace file {path} has no requests")
     frame = frame.sort_values("arrival_s", kind="stable").head(limit)
-    return RequestSet(frame["arrival_s"].to_numpy(float), frame["prompt_len"].to_numpy(np.int64),
-                      frame["output_len"].to_numpy(np.int64))
+    try:
+        arrivals = pd.to_numeric(frame["arrival_s"], errors="raise").to_numpy(float)
+        lengths = [pd.to_numeric(frame[c], errors="raise").to_numpy(float) for c in ("prompt_len", "output_len")]
+    except (ValueError, TypeError) as exc:
+        raise SimulationError(f"trace file {path}: a column is not numeric ({exc})") from exc
+    if any(not np.all(np.isfinite(v)) or np.any(v != np.round(v)) for v in lengths):
+        raise SimulationError(f"trace file {path}: prompt_len and output_len must be whole numbers of tokens")
+    try:
+        return RequestSet(arrivals, lengths[0].astype(np.int64), lengths[1].astype(np.int64))
+    except SimulationError as exc:
+        raise SimulationError(f"trace file {path}: {exc}") from exc

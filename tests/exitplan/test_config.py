@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from exitplan import REPO_ROOT
@@ -105,3 +107,54 @@ def test_exit_layers_every_n_plus_from_the_end(tmp_path: Path, tree: dict) -> No
     tree["train_exits"]["exits_from_end"] = [0]
     with pytest.raises(ConfigError, match="train_exits.exits_from_end"):
         load_params(_write(tmp_path, tree))
+
+
+def _numeric_leaves(node, path=()):
+    """Key paths of every number in a YAML tree (bools are not numbers here)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _numeric_leaves(value, (*path, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _numeric_leaves(value, (*path, i))
+    elif isinstance(node, int | float) and not isinstance(node, bool):
+        yield path
+
+
+def _set(tree, path, value):
+    node = tree
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+
+
+REPO_TREE = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+LEAVES = list(_numeric_leaves(REPO_TREE))
+ALWAYS_WRONG = [float("nan"), float("inf"), float("-inf"), True, "3"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(leaf=st.sampled_from(LEAVES), value=st.sampled_from([*ALWAYS_WRONG, 0, -1, -1e9, 1e308, 2**70, 0.5]))
+def test_a_hostile_number_anywhere_in_params_is_refused_by_name_or_accepted(tmp_path: Path, leaf: tuple,
+                                                                          value: object) -> None:
+    import copy
+
+    tree = copy.deepcopy(REPO_TREE)
+    tree["catalog"] = str(REPO_ROOT / "model_repository" / "catalog.yaml")
+    _set(tree, leaf, value)
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    try:
+        load_params(path)
+    except ConfigError as exc:
+        keys = list(leaf)
+        while isinstance(keys[-1], int):  # an element of a list: the error names the list (or the element)
+            keys.pop()
+        assert ".".join(str(k) for k in leaf[:leaf.index(keys[-1]) + 1]) in str(exc), (leaf, value, str(exc))
+        return
+    assert value not in ALWAYS_WRONG and value == value, f"{leaf} accepted {value!r}"  # NaN != NaN
+
+
+def test_numbers_are_counted_in_every_section() -> None:
+    sections = {leaf[0] for leaf in LEAVES}
+    assert len(LEAVES) > 40 and {"plan", "helios", "build_perf_db", "deploy"} <= sections
