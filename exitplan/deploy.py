@@ -309,7 +309,10 @@ def render_champion(params: Params) -> Rendered:
     if champion is None:
         raise ExitplanError(f"{name} has no 'champion': promote a plan first (`exitplan promote`)")
     version = champion["version"]
-    plan = json.loads(tracking.plan_artifact(params.tracking, params.root, name, version))
+    from exitplan.files import parse_json
+
+    plan = parse_json(tracking.plan_artifact(params.tracking, params.root, name, version),
+                      f"plan.json of {name} version {version}", hint="re-run the plan stage and promote it")
     out = params.path(params.deploy.output_dir)
     router: Path | None = None
     try:

@@ -56,7 +56,9 @@ def gate_report(params: Params) -> dict[str, Any]:
     path = params.path(params.gates.output_dir) / "gate.json"
     if not path.is_file():
         raise ExitplanError(f"no gate report at {path}: run `dvc repro gate` first")
-    return json.loads(path.read_text())
+    from exitplan.files import read_json
+
+    return read_json(path, "gate report", hint="re-run `dvc repro gate`")
 
 
 def champion_failures(report: dict[str, Any], champion: dict[str, Any] | None, tolerance: float) -> list[str]:

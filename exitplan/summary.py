@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 
 from exitplan.config import Params
 
@@ -17,7 +16,10 @@ def _champion(params: Params) -> tuple[str, dict] | None:
     found = tracking.alias_version(params.tracking, params.root, name, "champion")
     if found is None:
         return None
-    return found["version"], json.loads(tracking.plan_artifact(params.tracking, params.root, name, found["version"]))
+    from exitplan.files import parse_json
+
+    raw = tracking.plan_artifact(params.tracking, params.root, name, found["version"])
+    return found["version"], parse_json(raw, f"plan.json of {name} version {found['version']}")
 
 
 def promoted_plan(params: Params) -> str:

@@ -53,7 +53,9 @@ def read_yaml(path: Path, error_cls: type[ConfigError] = ConfigError) -> Any:
     try:
         return yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
-        raise error_cls(str(path), [f"not valid YAML: {exc}"]) from exc
+        raise error_cls(str(path), [f"not valid YAML: {' '.join(str(exc).split())}"]) from exc
+    except (UnicodeDecodeError, OSError) as exc:
+        raise error_cls(str(path), [f"cannot be read as UTF-8 text ({type(exc).__name__}: {exc})"]) from exc
 
 
 def _known_fields(model_cls: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

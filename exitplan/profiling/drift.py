@@ -18,6 +18,7 @@ independent would make every window look drifted.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -199,7 +200,9 @@ def read_telemetry(source: str, window: int, api_key: str | None = None) -> pd.D
         if not paths:
             raise ExitplanError(f"no telemetry at {source}: point reprofile.telemetry at a serving engine's "
                                 f"persisted telemetry (a glob joins several) or its /telemetry URL")
-        frame = pd.concat([pd.read_parquet(p) for p in paths], ignore_index=True)
+        from exitplan.files import read_table
+
+        frame = pd.concat([read_table(Path(p), "telemetry") for p in paths], ignore_index=True)
         if "finish_s" in frame.columns and len(paths) > 1:
             frame = frame.sort_values("finish_s", kind="stable")
     return frame.tail(window).reset_index(drop=True)

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from exitplan.atomic import write_atomic
+from exitplan.errors import ExitplanError
 
 
 @dataclass
@@ -145,9 +146,15 @@ class PerformanceHistoryTable:
         self.path = path
         self.entries: dict[str, PHTEntry] = {}
         if path is not None and path.is_file():
-            for raw in json.loads(path.read_text()).values():
-                raw["exit_distribution"] = {int(k): v for k, v in raw["exit_distribution"].items()}
-                self.entries[raw["model"]] = PHTEntry(**raw)
+            from exitplan.files import read_json
+
+            hint = "re-run the online_profile stage (`dvc repro online_profile`)"
+            try:
+                for raw in read_json(path, "PHT", hint=hint).values():
+                    raw["exit_distribution"] = {int(k): v for k, v in raw["exit_distribution"].items()}
+                    self.entries[raw["model"]] = PHTEntry(**raw)
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                raise ExitplanError(f"PHT {path} is not a Performance History Table ({exc!r}); {hint}") from exc
 
     def __getitem__(self, model: str) -> PHTEntry:
         return self.entries[model]

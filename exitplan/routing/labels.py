@@ -99,12 +99,10 @@ def read_user_labels(path: Path) -> Any:
     """
     import pandas as pd
 
-    if not path.is_file():
-        raise ExitplanError(f"no label file at {path}")
-    frame = pd.read_csv(path)
-    missing = [c for c in USER_COLUMNS if c not in frame.columns]
-    if missing:
-        raise ExitplanError(f"{path}: missing columns {missing}; a label CSV has {list(USER_COLUMNS)}")
+    from exitplan.files import read_table
+
+    frame = read_table(path, "label file", USER_COLUMNS, hint=f"a label CSV has {list(USER_COLUMNS)}")
+    frame["quality"] = pd.to_numeric(frame["quality"], errors="coerce")
     bad = frame[~frame["quality"].between(0, 1)]
     if len(bad):
         raise ExitplanError(f"{path}: quality must be in [0, 1]; row {int(bad.index[0]) + 2} has "

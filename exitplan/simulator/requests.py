@@ -50,15 +50,9 @@ def read_trace(path: Path, limit: int | None = None) -> RequestSet:
     """
     import pandas as pd
 
-    if not path.is_file():
-        raise SimulationError(f"trace file {path} not found")
-    try:
-        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path, encoding="utf-8")
-    except Exception as exc:  # noqa: BLE001 - pyarrow and pandas raise many types for a bad file
-        raise SimulationError(f"trace file {path} cannot be read ({type(exc).__name__}: {exc})") from exc
-    missing = [c for c in TRACE_COLUMNS if c not in frame.columns]
-    if missing:
-        raise SimulationError(f"trace file {path} lacks columns {missing}")
+    from exitplan.files import read_table
+
+    frame = read_table(path, "trace file", TRACE_COLUMNS, SimulationError)
     if frame.empty:
         raise SimulationError(f"trace file {path} has no requests")
     frame = frame.sort_values("arrival_s", kind="stable").head(limit)

@@ -35,14 +35,12 @@ def read_timestamps(path: Path) -> np.ndarray:
     """
     import pandas as pd
 
-    if not path.is_file():
-        raise WorkloadError(f"timestamps file {path} not found")
-    frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
-    if "arrival_s" not in frame.columns:
-        raise WorkloadError(f"{path}: no 'arrival_s' column (columns: {list(frame.columns)})")
-    times = frame["arrival_s"].to_numpy(dtype=float)
-    if len(times) == 0 or np.isnan(times).any() or (times < 0).any():
-        raise WorkloadError(f"{path}: 'arrival_s' must be non-empty, non-negative and without NaN")
+    from exitplan.files import read_table
+
+    frame = read_table(path, "timestamps file", ["arrival_s"], WorkloadError)
+    times = pd.to_numeric(frame["arrival_s"], errors="coerce").to_numpy(dtype=float)
+    if len(times) == 0 or not np.isfinite(times).all() or (times < 0).any():
+        raise WorkloadError(f"{path}: 'arrival_s' must be non-empty, finite, non-negative numbers")
     return np.sort(times)
 
 

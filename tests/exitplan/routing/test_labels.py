@@ -55,5 +55,5 @@ def test_user_labels_are_validated(tmp_path) -> None:
         read_user_labels(bad)
     missing = tmp_path / "missing.csv"
     missing.write_text("model,query_id,quality\nm/a,1,1.0\n")
-    with pytest.raises(ExitplanError, match="missing columns \\['dataset'\\]"):
+    with pytest.raises(ExitplanError, match="lacks columns \\[.dataset.\\]"):
         read_user_labels(missing)

@@ -49,7 +49,7 @@ def test_timestamp_files_are_checked(tmp_path: Path) -> None:
     assert np.array_equal(read_timestamps(good), [1.0, 2.0])
     bad = tmp_path / "bad.csv"
     pd.DataFrame({"time": [1.0]}).to_csv(bad, index=False)
-    with pytest.raises(WorkloadError, match="no 'arrival_s' column"):
+    with pytest.raises(WorkloadError, match="lacks columns \\['arrival_s'\\]"):
         read_timestamps(bad)
     negative = tmp_path / "neg.parquet"
     pd.DataFrame({"arrival_s": [-1.0]}).to_parquet(negative)
