@@ -112,6 +112,19 @@ def _copy_safetensors_dir(source: ModelSource, out: Path) -> None:
             shutil.copyfileobj(src, dst)
 
 
+def require_checkpoint(path: Path, model: str | None = None) -> Path:
+    """``path`` if it holds a fetched checkpoint (its ``config.json``).
+
+    Raises:
+        FetchError: naming the model and the command that fetches it (not transformers' error about repo ids).
+    """
+    if not (Path(path) / "config.json").is_file():
+        name = model or Path(path).name
+        raise FetchError(f"{name} is not fetched (no checkpoint at {path}): run "
+                         f"`exitplan stage fetch-models --model {name}` (or `dvc repro fetch_models`)")
+    return Path(path)
+
+
 SCRATCH_OWNER = "owner.pid"
 """File in a fetch's scratch folder naming the process that writes it."""
 

@@ -927,6 +927,16 @@ class Params(StrictModel):
         """Folder of the fetched checkpoint of ``model`` (a Hugging Face id)."""
         return self.path(self.fetch_models.checkpoint_dir) / model
 
+    def fetched(self, model: str) -> Path:
+        """The checkpoint folder of ``model``, which must have been fetched.
+
+        Raises:
+            ExitplanError: naming the model and the command that fetches it.
+        """
+        from exitplan.checkpoints import require_checkpoint
+
+        return require_checkpoint(self.checkpoint_path(model), model)
+
 
 def catalog_problems(params: Params, catalog: Catalog) -> list[str]:
     """Problems with what ``params`` names in the catalog: unknown models or GPUs, models with nothing to fetch."""

@@ -43,9 +43,7 @@ def build(params: Params, model: str, max_context: int, max_queue: int, request_
     from serving.engine.factory import GIB, candidates, engine_config
 
     (candidate,) = candidates(params, [model])
-    if not (candidate.checkpoint / "config.json").is_file():
-        raise ExitplanError(f"{model} is not fetched (no checkpoint at {candidate.checkpoint}): run "
-                            f"`exitplan stage fetch-models --model {model}`")
+    params.fetched(model)
     helios = model in params.helios.candidates and candidate.exits_dir is not None
     pht = PerformanceHistoryTable(params.path(params.helios.pht_path))
     pht.path = None  # the PHT is a pipeline output: read here, never written

@@ -82,7 +82,9 @@ class EarlyExitLM(nn.Module):
         from transformers import AutoConfig, AutoModelForCausalLM
         from transformers.initialization import no_init_weights
 
-        path = Path(path)
+        from exitplan.checkpoints import require_checkpoint
+
+        path = require_checkpoint(Path(path))
         config = AutoConfig.from_pretrained(str(path))
         total = config.num_hidden_layers
         layers = total if layers is None else layers

@@ -27,7 +27,9 @@ class Embedder:
     def __init__(self, checkpoint: Path, max_tokens: int = 256) -> None:
         from transformers import AutoModel, AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+        from exitplan.checkpoints import require_checkpoint
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(require_checkpoint(checkpoint)))
         self.model = AutoModel.from_pretrained(str(checkpoint)).eval()
         self.max_tokens = max_tokens
 

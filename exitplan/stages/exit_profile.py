@@ -94,7 +94,7 @@ def trace_models(params: Params) -> tuple[dict[str, dict[str, Any]], dict[str, n
     section = params.exit_profile
     traces, labels, tokenizers = {}, {}, {}
     for name in section.models:
-        checkpoint = params.checkpoint_path(name)
+        checkpoint = params.fetched(name)
         tokenizers[name] = (checkpoint / "tokenizer.json").read_bytes()
         chunks, labels[name] = _held_out_chunks(params, AutoTokenizer.from_pretrained(str(checkpoint)))
         model = EarlyExitLM.from_pretrained(checkpoint)

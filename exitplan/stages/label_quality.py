@@ -33,7 +33,7 @@ def label_model(params: Params, name: str, queries: Any) -> Any:
     from exitplan.routing.labels import exact_match, generate, reference_scores
 
     section = params.label_quality
-    checkpoint = params.checkpoint_path(name)
+    checkpoint = params.fetched(name)
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=getattr(torch, section.dtype)).eval()
     frame = queries[["dataset", "query_id"]].copy()

@@ -67,7 +67,7 @@ def main(params: Params, model_name: str) -> dict[str, Any]:
         raise ConfigError("params", [f"train_exits.models: '{model_name}' is not listed; listed: {section.models}"])
     started = time.perf_counter()
     torch.manual_seed(section.seed)
-    checkpoint = params.checkpoint_path(model_name)
+    checkpoint = params.fetched(model_name)
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
     train_q, eval_q = split_queries(params.path(params.prepare_workload.output_dir) / "queries.parquet",
                                     section.datasets, section.seed)

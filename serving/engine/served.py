@@ -37,7 +37,9 @@ def num_layers(checkpoint: Path) -> int:
     """Decoder layers of the model at ``checkpoint`` (from its config; read once per process)."""
     from transformers import AutoConfig
 
-    return int(AutoConfig.from_pretrained(str(checkpoint)).num_hidden_layers)
+    from exitplan.checkpoints import require_checkpoint
+
+    return int(AutoConfig.from_pretrained(str(require_checkpoint(checkpoint))).num_hidden_layers)
 
 
 class ServedModel:

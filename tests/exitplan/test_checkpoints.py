@@ -162,3 +162,21 @@ def test_a_fetch_removes_the_scratch_of_a_killed_fetch_and_keeps_a_running_ones(
         fetch_checkpoint(entry, out)
     assert not killed.exists() and not unowned.exists() and running.exists()
     assert sorted(p.name for p in out.parent.iterdir()) == [running.name]
+
+
+def test_a_stage_on_an_unfetched_model_says_what_to_run(tmp_path: Path) -> None:
+    import yaml
+    from typer.testing import CliRunner
+
+    from exitplan import REPO_ROOT
+    from exitplan.cli import app
+
+    tree = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    tree["catalog"] = str(REPO_ROOT / "model_repository" / "catalog.yaml")
+    tree["fetch_models"]["checkpoint_dir"] = str(tmp_path / "none")
+    tree["tracking"]["enabled"] = False
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(tree))
+    model = tree["train_exits"]["models"][0]
+    result = CliRunner().invoke(app, ["stage", "train-exits", "--model", model, "--params", str(tmp_path / "params.yaml")])
+    assert isinstance(result.exception, FetchError)
+    assert f"exitplan stage fetch-models --model {model}" in str(result.exception)

@@ -67,6 +67,28 @@ def test_launch_files_hold_one_script_per_host(catalog, tmp_path) -> None:
     assert text.count("vllm serve") == 3 and "CUDA_VISIBLE_DEVICES=2" in text
     fleet = json.loads((tmp_path / "fleet.json").read_text())
     assert fleet["models"] == [QWEN_S, QWEN_L] and len(fleet["replicas"]) == 5
+    assert "--host 127.0.0.1" in text and "0.0.0.0" not in text and "--api-key" not in text
+
+
+def test_a_launch_script_refuses_to_start_without_the_key_and_passes_it_by_environment(catalog, tmp_path) -> None:
+    import subprocess
+
+    the_plan = plan([group("rtx-4090", 1)], [group("rtx-4090", 1)])
+    replicas = render(the_plan, catalog, EngineParams(), 9000, bind="0.0.0.0")
+    (script,) = [p for p in write_launch_files(tmp_path, replicas, {}, "1", "MY_KEY") if p.suffix == ".sh"]
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "vllm").write_text('#!/usr/bin/env bash\necho "key=$VLLM_API_KEY args=$*" >> "$OUT"\n')
+    (fake / "vllm").chmod(0o755)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(tmp_path / "calls.txt")}
+    refused = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert refused.returncode != 0 and "set MY_KEY" in refused.stderr and not (tmp_path / "calls.txt").exists()
+    ran = subprocess.run(["bash", str(script)], cwd=tmp_path, env={**env, "MY_KEY": "k3y"}, capture_output=True,
+                         text=True)
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert ran.returncode == 0 and len(calls) == 2
+    assert all(c.startswith("key=k3y args=serve") and "--host 0.0.0.0" in c and "k3y" not in c.split("args=")[1]
+               for c in calls)
 
 
 def test_a_local_fleet_renormalises_the_fractions_of_the_models_here() -> None:
