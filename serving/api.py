@@ -111,6 +111,9 @@ async def unless_disconnected(http: HttpRequest, work: Awaitable[T]) -> T:
     task, gone = asyncio.ensure_future(work), asyncio.ensure_future(until_disconnected(http.receive))
     try:
         await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
     finally:
         gone.cancel()
     if not task.done():

@@ -382,6 +382,9 @@ class Coordinator:
         task, stop = asyncio.ensure_future(work), asyncio.ensure_future(self._aborting.wait())
         try:
             await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
         finally:
             stop.cancel()
         if not task.done():

@@ -281,3 +281,31 @@ def test_every_route_but_health_refuses_a_missing_or_wrong_key(smollm2_checkpoin
     assert ok.status_code == 200
     if which == "engine":
         assert "/telemetry" in {p for _, p in routes}
+
+
+def test_the_coordinator_drains_and_passes_a_disconnect_on_to_the_replica(smollm2_checkpoint: Path) -> None:
+    with serve(engine_app(smollm2_checkpoint, SMALL)) as replica:
+        server, thread, url = _run_in_thread(create_coordinator_app(_coordinator({SMALL: [replica],
+                                                                                  LARGE: [replica]}), drain_s=30))
+        body = {"model": SMALL, "prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 400}
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up: the replica must stop generating
+            httpx.post(f"{url}/v1/completions", json=body, timeout=httpx.Timeout(1.5, connect=5))
+        deadline = time.monotonic() + 10
+        while httpx.get(f"{replica}/health").json()["in_flight"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = httpx.get(f"{replica}/health").json()["in_flight"]
+        result: dict = {}
+        running = threading.Thread(target=lambda: result.update(reply=httpx.post(
+            f"{url}/v1/completions", json={**body, "max_tokens": 40}, timeout=120)))
+        running.start()
+        while httpx.get(f"{replica}/health").json()["in_flight"] < 1:
+            time.sleep(0.02)
+        server.begin_drain()  # a request runs: the drain waits for it, refusing new ones
+        refused = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+        health = httpx.get(f"{url}/health")
+        running.join(timeout=120)
+        thread.join(timeout=60)
+    assert left == 0
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert health.status_code == 503 and health.json()["status"] == "draining"
+    assert result["reply"].status_code == 200 and not thread.is_alive()
