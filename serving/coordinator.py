@@ -148,7 +148,7 @@ def prompt_text(body: CompletionRequest | ChatRequest) -> str:
     return body.prompt
 
 
-def upstream_error(status: int, raw: bytes, replica: str) -> ApiError:
+def upstream_error(status: int, raw: bytes) -> ApiError:
     """A replica's error answer as the coordinator's (same status; its OpenAI error body when it sent one)."""
     try:
         error = json.loads(raw).get("error") or {}
@@ -312,7 +312,7 @@ class Coordinator:
             elif reply.status_code >= 500:
                 self._server_error(replica, tally, reply.status_code)
             elif reply.status_code >= 400:
-                raise upstream_error(reply.status_code, reply.content, replica.url)
+                raise upstream_error(reply.status_code, reply.content)
             else:
                 self._answered(replica)
                 return reply.json(), waited
@@ -335,7 +335,7 @@ class Coordinator:
                     elif reply.status_code >= 500:
                         self._server_error(replica, tally, reply.status_code)
                     else:
-                        raise upstream_error(reply.status_code, raw, replica.url)
+                        raise upstream_error(reply.status_code, raw)
                     continue
                 lines = reply.aiter_lines()
                 first = ""
