@@ -443,9 +443,10 @@ class Coordinator:
             model = self.choose(body, score)
             payload = {**body.model_dump(exclude_none=True), "model": model}
             if body.stream:
+                opened = time.perf_counter()
                 stream = await self.until_aborted(self.open_stream(path, payload, model))
-                own = max(time.perf_counter() - t0 - scorer_s, 0.0)  # up to forwarding (relaying is I/O)
-                self._account(own)
+                waited = time.perf_counter() - opened  # the replica's time to its first event
+                self._account(max(time.perf_counter() - t0 - waited - scorer_s, 0.0))  # relaying is I/O
                 handed_over = True  # relay() releases the slot
                 return StreamingResponse(self.relay(stream, model), media_type="text/event-stream",
                                          headers={"x-exitplan-model": model})
