@@ -224,7 +224,8 @@ class EngineApi:
                                      media_type="text/event-stream")
         try:
             finish = await unless_disconnected(http, self._whole(request, queue))
-        except ClientGone:
+        except ClientGone:  # the waiting task may be cancelled before it ran: cancel here, not only in events()
+            self.worker.cancel(request.request_id)
             self.worker.metrics.rejected.labels("client_gone").inc()
             return JSONResponse(error_body("client disconnected", "invalid_request_error"), status_code=499)
         text = self.tokenizer.decode(request.output, skip_special_tokens=True)
