@@ -29,3 +29,12 @@ def start(doc: str, extra: dict[str, dict[str, Any]] | None = None) -> tuple[arg
     args = parser.parse_args()
     torch.set_num_threads(1)
     return args, load_params(REPO_ROOT / "params.yaml")
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for the servers a benchmark starts)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import httpx
 import pandas as pd
-from common import start
+from common import free_port, start
 
 from exitplan.deploy import LocalFleet, wait_healthy
 from exitplan.routing.router_file import ROUTER_FILE
@@ -47,14 +47,6 @@ from exitplan.routing.router_file import ROUTER_FILE
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 KEY = "faults-bench-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def engine(root: Path, name: str, port: int, env: dict) -> subprocess.Popen:

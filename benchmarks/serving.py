@@ -28,20 +28,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pandas as pd
-from common import start
+from common import free_port, start
 
 from exitplan.deploy import LocalFleet, wait_healthy
 from exitplan.routing.router_file import ROUTER_FILE
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(params, plan: dict, router: Path, quick: bool) -> tuple[LocalFleet, dict]:

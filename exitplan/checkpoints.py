@@ -130,12 +130,13 @@ SCRATCH_OWNER = "owner.pid"
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 

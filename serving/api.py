@@ -106,21 +106,27 @@ async def until_disconnected(receive: Callable[[], Awaitable[dict[str, Any]]]) -
         pass
 
 
-async def unless_disconnected(http: HttpRequest, work: Awaitable[T]) -> T:
-    """``work``'s result, or :class:`ClientGone` (with ``work`` cancelled) when the client leaves first."""
-    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(until_disconnected(http.receive))
+async def unless(work: Awaitable[T], stop: Awaitable[Any], interrupted: Exception) -> T:
+    """``work``'s result; when ``stop`` completes first, ``work`` is cancelled (and awaited) and ``interrupted`` is
+    raised. Cancelling the caller cancels ``work`` too."""
+    task, stopper = asyncio.ensure_future(work), asyncio.ensure_future(stop)
     try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
         task.cancel()
         raise
     finally:
-        gone.cancel()
+        stopper.cancel()
     if not task.done():
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        raise ClientGone
+        raise interrupted
     return task.result()
+
+
+async def unless_disconnected(http: HttpRequest, work: Awaitable[T]) -> T:
+    """``work``'s result, or :class:`ClientGone` (with ``work`` cancelled) when the client leaves first."""
+    return await unless(work, until_disconnected(http.receive), ClientGone())
 
 
 def longest_token_chars(tokenizer: Any) -> int:

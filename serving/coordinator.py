@@ -42,7 +42,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from exitplan.routing.fractions import check_fractions, route, thresholds
-from serving.api import ApiError, ClientGone, install_error_handlers, sse, unless_disconnected
+from serving.api import ApiError, ClientGone, install_error_handlers, sse, unless, unless_disconnected
 from serving.guard import DEFAULT_MAX_BODY_BYTES, Drain, Guard
 from serving.openai_schema import ChatRequest, CompletionRequest, error_body
 from serving.scorer import BatchingScorer
@@ -245,13 +245,14 @@ class Coordinator:
         return model
 
     # --- replica faults ----------------------------------------------------------------------------------------------
-    def _lost(self, replica: Replica, tally: _Tally, why: str) -> None:
+    def _lost(self, replica: Replica, why: str, tally: _Tally | None = None) -> None:
         """A connection failed or timed out: out of rotation until a health probe passes."""
         replica.failures += 1
         replica.healthy = False
         self.down.labels(replica.url).inc()
-        tally.failures += 1
-        tally.last = f"{replica.url}: {why}"
+        if tally is not None:
+            tally.failures += 1
+            tally.last = f"{replica.url}: {why}"
 
     def _server_error(self, replica: Replica, tally: _Tally, status: int) -> None:
         """A 5xx: counted against the replica; the breaker opens only after ``failure_threshold`` in a row."""
@@ -303,7 +304,7 @@ class Coordinator:
             try:
                 reply = await self.client.post(f"{replica.url}{path}", json=payload)
             except RETRYABLE as exc:
-                self._lost(replica, tally, type(exc).__name__)
+                self._lost(replica, type(exc).__name__, tally)
                 continue
             finally:
                 waited += time.perf_counter() - started
@@ -345,7 +346,7 @@ class Coordinator:
             except (*RETRYABLE, StopAsyncIteration) as exc:
                 if reply is not None:
                     await reply.aclose()
-                self._lost(replica, tally, type(exc).__name__)
+                self._lost(replica, type(exc).__name__, tally)
         raise self._exhausted(model, tally)
 
     async def relay(self, stream: _Open, model: str) -> AsyncIterator[str]:
@@ -365,7 +366,7 @@ class Coordinator:
         except (httpx.HTTPError, StreamEndedEarly) as exc:
             aborted = self._aborting.is_set()
             if not aborted:
-                self._lost(stream.replica, _Tally(), type(exc).__name__)
+                self._lost(stream.replica, type(exc).__name__)
             self.stats.failed_streams += 1
             self.stream_errors.inc()
             message = ("the coordinator shut down before the answer was complete" if aborted else
@@ -379,20 +380,9 @@ class Coordinator:
 
     async def until_aborted(self, work: Any) -> Any:
         """``work``'s result, or 503 when the drain's grace ends first (``work`` cancelled)."""
-        task, stop = asyncio.ensure_future(work), asyncio.ensure_future(self._aborting.wait())
-        try:
-            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
-        finally:
-            stop.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            raise ApiError(503, "the coordinator shut down before the answer came", "server_error",
-                           "shutting_down", {"Retry-After": "1"})
-        return task.result()
+        return await unless(work, self._aborting.wait(), ApiError(
+            503, "the coordinator shut down before the answer came", "server_error", "shutting_down",
+            {"Retry-After": "1"}))
 
     async def abort(self) -> None:
         """End what still runs (the drain's grace is over): whole answers get 503, streams an error event."""

@@ -10,7 +10,6 @@ is one line naming it and exit 2.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ def build(fleet: dict[str, Any], api_key: str | None = None) -> Any:
     from exitplan.errors import ExitplanError
     from serving.coordinator import Coordinator, Replica, ReplicaSet, ThresholdRouter, create_coordinator_app
     from exitplan.routing.router_file import load_router
-    from serving.guard import DEFAULT_MAX_BODY_BYTES
     from serving.scorer import BatchingScorer, score_function
 
     if not fleet.get("router") or not Path(fleet["router"]).is_file():
@@ -36,11 +34,12 @@ def build(fleet: dict[str, Any], api_key: str | None = None) -> Any:
         sets[model] = ReplicaSet(mine)
     router = ThresholdRouter(fleet["fractions"], routing.window, fleet.get("routing_window", 512))
     scorer = BatchingScorer(score_function(routing, Path(fleet["embedder"])))
+    # knobs an older fleet file lacks keep the coordinator's own defaults
+    knobs = {k: fleet[k] for k in ("max_attempts", "failure_threshold", "health_interval_s") if k in fleet}
     coordinator = Coordinator(fleet["models"], router, sets, scorer, fleet["fleet_name"], fleet["max_in_flight"],
-                              fleet["request_timeout_s"], fleet["cooldown_s"], fleet.get("max_attempts", 2),
-                              fleet.get("failure_threshold", 3), fleet.get("health_interval_s", 0.5), api_key)
-    return create_coordinator_app(coordinator, api_key, fleet.get("drain_s", 30.0),
-                                  fleet.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES))
+                              fleet["request_timeout_s"], fleet["cooldown_s"], api_key=api_key, **knobs)
+    return create_coordinator_app(coordinator, api_key,
+                                  **{k: fleet[k] for k in ("drain_s", "max_body_bytes") if k in fleet})
 
 
 def read_fleet(path: Path) -> dict[str, Any]:
@@ -50,11 +49,9 @@ def read_fleet(path: Path) -> dict[str, Any]:
         ExitplanError: naming the file when it is missing, unreadable, not JSON or lacks a key.
     """
     from exitplan.errors import ExitplanError
+    from exitplan.files import read_json
 
-    try:
-        fleet = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ExitplanError(f"fleet file {path}: cannot be read as JSON ({exc}); run `exitplan deploy`") from exc
+    fleet = read_json(path, "fleet file", hint="run `exitplan deploy`")
     needed = ("models", "fractions", "replicas", "router", "embedder", "fleet_name", "max_in_flight",
               "request_timeout_s", "cooldown_s")
     missing = [k for k in needed if not isinstance(fleet, dict) or k not in fleet]

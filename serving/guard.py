@@ -20,7 +20,7 @@ import json
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +71,7 @@ class Drain:
     started_at: float | None = None
     in_flight: Callable[[], int] = lambda: 0
     abort: Callable[[], Awaitable[None] | None] = lambda: None
-    aborted: bool = field(default=False)
+    aborted: bool = False
 
     @property
     def draining(self) -> bool:
@@ -144,9 +144,11 @@ class Guard:
         declared = headers.get(b"content-length")
         too_large = error_body(f"request body over {self.max_body_bytes} bytes", "invalid_request_error",
                                "request_too_large")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
-            await _answer(send, 413 if declared.isdigit() else 400,
-                          too_large if declared.isdigit() else error_body("bad Content-Length", "invalid_request_error"))
+        if declared is not None and not declared.isdigit():
+            await _answer(send, 400, error_body("bad Content-Length", "invalid_request_error"))
+            return None
+        if declared is not None and int(declared) > self.max_body_bytes:
+            await _answer(send, 413, too_large)
             return None
         chunks, size = [], 0
         while True:

@@ -18,7 +18,8 @@ from exitplan.config import DEFAULT_PARAMS, Params, load_params
 from exitplan.errors import ExitplanError
 
 
-def make_app(candidate: Any, config: Any, pht: Any, settings: Any, max_queue: int, telemetry: Path | None = None) -> Any:
+def make_app(candidate: Any, config: Any, pht: Any, settings: Any, max_queue: int,
+             telemetry: Path | None = None) -> Any:
     """The app serving one candidate with an engine of ``config`` (worker started by the app's lifespan)."""
     from transformers import AutoTokenizer
 

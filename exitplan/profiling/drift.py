@@ -180,18 +180,21 @@ def read_telemetry(source: str, window: int, api_key: str | None = None) -> pd.D
     Raises:
         ExitplanError: when the file is missing or the URL does not answer.
     """
+    from exitplan.files import parse_json, read_table
+
     if source.startswith(("http://", "https://")):
-        import json
         import urllib.request
 
         url = source if "include_prompts" in source else f"{source}{'&' if '?' in source else '?'}include_prompts=true"
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         try:
             with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as reply:
-                frame = pd.DataFrame(json.loads(reply.read()))
+                raw = reply.read()
         except OSError as exc:
             raise ExitplanError(f"telemetry URL {source} did not answer: {exc}") from exc
-        except ValueError as exc:
+        try:
+            frame = pd.DataFrame(parse_json(raw, f"telemetry from {source}"))
+        except ValueError as exc:  # JSON, but not rows
             raise ExitplanError(f"telemetry URL {source} did not answer JSON rows: {exc}") from exc
     else:
         import glob
@@ -200,8 +203,6 @@ def read_telemetry(source: str, window: int, api_key: str | None = None) -> pd.D
         if not paths:
             raise ExitplanError(f"no telemetry at {source}: point reprofile.telemetry at a serving engine's "
                                 f"persisted telemetry (a glob joins several) or its /telemetry URL")
-        from exitplan.files import read_table
-
         frame = pd.concat([read_table(Path(p), "telemetry") for p in paths], ignore_index=True)
         if "finish_s" in frame.columns and len(paths) > 1:
             frame = frame.sort_values("finish_s", kind="stable")

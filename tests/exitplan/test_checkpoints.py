@@ -177,6 +177,7 @@ def test_a_stage_on_an_unfetched_model_says_what_to_run(tmp_path: Path) -> None:
     tree["tracking"]["enabled"] = False
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(tree))
     model = tree["train_exits"]["models"][0]
-    result = CliRunner().invoke(app, ["stage", "train-exits", "--model", model, "--params", str(tmp_path / "params.yaml")])
+    result = CliRunner().invoke(app, ["stage", "train-exits", "--model", model,
+                                      "--params", str(tmp_path / "params.yaml")])
     assert isinstance(result.exception, FetchError)
     assert f"exitplan stage fetch-models --model {model}" in str(result.exception)

@@ -27,31 +27,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextmanager
-def serve(app, port: int | None = None, servers: list | None = None) -> Iterator[str]:
-    """Run ``app`` with uvicorn on 127.0.0.1 in a thread (a :class:`DrainingServer`, appended to ``servers`` when
-    given); yields its base URL; shuts it down gracefully."""
+def start_in_thread(app, port: int | None = None, grace_s: int = 20, ready: tuple[int, ...] = (200, 503)):
+    """Run ``app`` on 127.0.0.1 in a thread under a :class:`DrainingServer` (``begin_drain()`` is what SIGTERM
+    does); returns ``(server, thread, url)`` once ``/health`` answers one of ``ready``."""
     import uvicorn
 
     from serving.lifecycle import DrainingServer
 
     port = port or free_port()
     server = DrainingServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=20), app.state.drain)
-    if servers is not None:
-        servers.append(server)
+                                           timeout_graceful_shutdown=grace_s), app.state.drain)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{url}/health", timeout=2).status_code in (200, 503):
-                break
+            if httpx.get(f"{url}/health", timeout=2).status_code in ready:
+                return server, thread, url
         except httpx.HTTPError:
             time.sleep(0.1)
-    else:
-        raise RuntimeError(f"server on {url} did not start")
+    raise RuntimeError(f"server on {url} did not start")
+
+
+@contextmanager
+def serve(app, port: int | None = None) -> Iterator[str]:
+    """Run ``app`` in a thread (:func:`start_in_thread`); yields its base URL; shuts it down gracefully."""
+    server, thread, url = start_in_thread(app, port)
     try:
         yield url
     finally:

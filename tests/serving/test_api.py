@@ -94,22 +94,9 @@ def test_shutdown_drains_in_flight_requests(smollm2_checkpoint) -> None:
     import threading
     import time
 
-    import uvicorn
+    from tests.serving.conftest import start_in_thread
 
-    from tests.serving.conftest import free_port
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(engine_app(smollm2_checkpoint), host="127.0.0.1", port=port,
-                                           log_level="warning", timeout_graceful_shutdown=60))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    server, thread, url = start_in_thread(engine_app(smollm2_checkpoint), grace_s=60, ready=(200,))
     result: dict = {}
     body = {"model": SMOLLM2, "prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 60}
     worker = threading.Thread(target=lambda: result.update(reply=httpx.post(f"{url}/v1/completions", json=body,

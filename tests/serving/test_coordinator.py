@@ -112,7 +112,7 @@ def test_killing_a_replica_under_load_loses_no_request(smollm2_checkpoint: Path,
 BODY_KEYS = st.sampled_from(["model", "prompt", "max_tokens", "temperature", "stream", "messages", "seed", "n",
                              "max_completion_tokens", "stop"])
 VALUES = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.floats(allow_nan=True),
-                   st.sampled_from([0, -1, 2**63, 2**64, 2**70, 10**400 // 10**300, float("inf"), float("-inf")]),
+                   st.sampled_from([0, -1, 2**63, 2**64, 2**70, 10**100, float("inf"), float("-inf")]),
                    st.text(max_size=40), st.sampled_from(["exitplan", SMALL, LARGE]),
                    st.lists(st.one_of(st.text(max_size=5), st.integers(),
                                       st.fixed_dictionaries({"role": st.text(max_size=8), "content": st.text(max_size=8)})),

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from serving.coordinator import Coordinator, Replica, ReplicaSet, ThresholdRouter, create_coordinator_app
 from serving.guard import Drain
 from serving.scorer import BatchingScorer
-from tests.serving.conftest import SMOLLM2, engine_app, engine_process, free_port, serve
+from tests.serving.conftest import SMOLLM2, engine_app, engine_process, free_port, serve, start_in_thread
 
 SMALL, LARGE = "fleet/small", "fleet/large"
 
@@ -167,23 +167,8 @@ def test_health_probes_see_a_replica_that_never_started_or_died(smollm2_checkpoi
 
 
 def _run_in_thread(app):
-    """A DrainingServer in a thread: (server, thread, url)."""
-    import uvicorn
-
-    from serving.lifecycle import DrainingServer
-
-    port = free_port()
-    server = DrainingServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=30), app.state.drain)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return server, thread, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    """A DrainingServer in a thread, healthy: (server, thread, url)."""
+    return start_in_thread(app, grace_s=30, ready=(200,))
 
 
 def test_a_drain_refuses_new_requests_with_503_and_finishes_the_running_ones(smollm2_checkpoint: Path) -> None:
@@ -230,8 +215,8 @@ def test_requests_outlasting_the_grace_end_with_a_clear_error(smollm2_checkpoint
 def test_a_client_that_leaves_cancels_its_request_in_the_engine(smollm2_checkpoint: Path) -> None:
     with serve(engine_app(smollm2_checkpoint)) as url:
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(f"{url}/v1/completions", json={"model": SMOLLM2, "prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 400},
-                       timeout=httpx.Timeout(1.5, connect=5))
+            httpx.post(f"{url}/v1/completions", timeout=httpx.Timeout(1.5, connect=5),
+                       json={"model": SMOLLM2, "prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 400})
         deadline = time.monotonic() + 10
         while httpx.get(f"{url}/health").json()["in_flight"] and time.monotonic() < deadline:
             time.sleep(0.05)
