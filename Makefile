@@ -24,7 +24,7 @@ export PREFECT_HOME ?= $(CURDIR)/.cache/prefect
 # The CPU build of torch lies on this machine's disk (/opt/wheels); a plain index install would pull CUDA.
 PIP_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: run test venv lock clean-venv
+.PHONY: run test venv lock clean-venv infra-up infra-down infra-status
 
 venv: $(STAMP)
 
@@ -44,6 +44,18 @@ run: venv
 test: venv
 	mkdir -p $(PREFECT_HOME)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# The production profile (README "Running as a service"): PostgreSQL, Prefect and MLflow servers, the work pool and a
+# worker on 127.0.0.1, with the deployments of prefect.yaml registered. State under .infra/ (git-ignored).
+infra-up: venv
+	$(BIN)/exitplan infra up
+	$(BIN)/exitplan infra deploy
+
+infra-down: venv
+	$(BIN)/exitplan infra down
+
+infra-status: venv
+	$(BIN)/exitplan infra status
 
 # Re-pin after changing dependencies in pyproject.toml (run in a venv that has them installed).
 lock:

@@ -55,7 +55,7 @@ def time_perf_db() -> tuple[float, int]:
     started = time.perf_counter()
     db = build_perf_db(catalog, section.models, section.gpus, params.simulator.engine, section.qps,
                        _lengths(params), section.requests_per_point, section.seed, section.max_gpus_per_replica,
-                       section.layer_fractions, section.workers)
+                       section.layer_fractions, params.dask)
     return time.perf_counter() - started, len(db)
 
 

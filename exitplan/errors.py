@@ -64,3 +64,16 @@ class GateFailed(ExitplanError):
 
 class LabelsNotFound(ExitplanError):
     """A scenario's models have no quality labels (an optional scenario is then skipped, naming what to supply)."""
+
+
+class InfraError(ExitplanError):
+    """A service of the production profile (PostgreSQL, the Prefect or MLflow server, the worker) could not be
+    started, reached or stopped."""
+
+
+class TrackingError(ExitplanError):
+    """The MLflow tracking server in use cannot be reached."""
+
+
+class MissingInput(PipelineError):
+    """A file an earlier stage writes is missing: the message names the stage to run first. Retrying cannot help."""

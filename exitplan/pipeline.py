@@ -5,10 +5,14 @@ The flows call these through tasks; nothing here imports Prefect.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +40,47 @@ def dvc_executable() -> str:
     return str(beside) if beside.exists() else (shutil.which("dvc") or "dvc")
 
 
+LOCK_FILE = Path(".dvc") / "tmp" / "exitplan-repro.lock"
+"""The lock that serialises ``dvc repro`` runs of one checkout (relative to its root)."""
+
+LOCK_WAIT_S = 4 * 3600.0
+"""How long a repro waits for another one on the same checkout (a full ``make run`` takes under an hour)."""
+
+
+@contextmanager
+def checkout_lock(root: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
+    """Hold the checkout's repro lock: a second run (a scheduled flow while ``make run`` works, say) waits for the
+    first instead of failing on DVC's own lock ("... is busy").
+
+    Raises:
+        PipelineError: if the lock is still held after ``wait_s`` (naming the process that holds it).
+    """
+    path = root / LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+") as handle:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    handle.seek(0)
+                    raise PipelineError(f"another run (pid {handle.read().strip() or '?'}) has held {path} for "
+                                        f"{wait_s:.0f} s: wait for it to finish, or stop it") from None
+                time.sleep(1.0)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def repro(target: str, root: Path) -> ReproResult:
-    """Run ``dvc repro <target>`` in ``root`` and report which stages ran.
+    """Run ``dvc repro <target>`` in ``root`` (holding :func:`checkout_lock`) and report which stages ran.
 
     Raises:
         PipelineError: with DVC's last lines when the stage fails.
@@ -45,8 +88,9 @@ def repro(target: str, root: Path) -> ReproResult:
     # Stage commands (`exitplan stage ...`) must run in this same environment, activated or not.
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")])}
-    result = subprocess.run([dvc_executable(), "repro", target], cwd=root, env=env, capture_output=True, text=True,
-                            check=False)
+    with checkout_lock(root):
+        result = subprocess.run([dvc_executable(), "repro", target], cwd=root, env=env, capture_output=True,
+                                text=True, check=False)
     output = result.stdout + result.stderr
     if result.returncode != 0:
         tail = "\n".join(output.strip().splitlines()[-15:])

@@ -1,8 +1,10 @@
 """The one MLflow adapter: every stage run is recorded here, and no other module imports mlflow.
 
-Default store: ``sqlite:///mlflow.db`` beside ``params.yaml`` with artifacts under ``mlartifacts/`` (both
-git-ignored); ``$MLFLOW_TRACKING_URI`` or ``tracking.tracking_uri`` in params override it. Browse with
-``mlflow ui --backend-store-uri sqlite:///mlflow.db``.
+Two modes. Embedded (the default): ``sqlite:///mlflow.db`` beside ``params.yaml`` with artifacts under
+``mlartifacts/`` (both git-ignored); browse with ``mlflow ui --backend-store-uri sqlite:///mlflow.db``. Server:
+``$MLFLOW_TRACKING_URI`` or ``tracking.tracking_uri`` naming an ``http(s)://`` tracking server (``exitplan infra up``
+starts one); artifacts then go through the server (``mlflow-artifacts:``), never to a client-side folder, and a server
+that does not answer fails the call within seconds, naming its URI.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from exitplan.config import TrackingParams
+from exitplan.errors import TrackingError
 from exitplan.routing.router_file import ROUTER_FILE
 
 MAX_PARAM_CHARS = 6000
@@ -23,6 +26,64 @@ MAX_PARAM_CHARS = 6000
 def tracking_uri(settings: TrackingParams, root: Path) -> str:
     """The tracking URI in force: params, then ``$MLFLOW_TRACKING_URI``, then the repo's sqlite file."""
     return settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
+
+
+HEALTH_TIMEOUT_S = 3.0
+"""How long a tracking server has to answer its ``/health`` before a call gives up."""
+
+SERVER_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+"""MLflow's HTTP client settings towards a server, unless set already: its defaults (7 retries with back-off,
+120 s timeouts) hold a stage about 250 s when the server goes away mid-run."""
+
+
+def is_server(uri: str) -> bool:
+    """Whether ``uri`` is a tracking server (HTTP), not a local store."""
+    return uri.startswith(("http://", "https://"))
+
+
+def connect(settings: TrackingParams, root: Path) -> str:
+    """Point MLflow at the tracking URI in force and return it; a server is health-checked first.
+
+    Raises:
+        TrackingError: if the tracking server does not answer within :data:`HEALTH_TIMEOUT_S`.
+    """
+    import httpx
+    import mlflow
+
+    uri = tracking_uri(settings, root)
+    if is_server(uri):
+        for key, value in SERVER_HTTP.items():
+            os.environ.setdefault(key, value)
+        try:
+            httpx.get(f"{uri.rstrip('/')}/health", timeout=HEALTH_TIMEOUT_S).raise_for_status()
+        except httpx.HTTPError as err:
+            raise TrackingError(f"the MLflow tracking server {uri} does not answer ({err}): start it "
+                                f"(`exitplan infra up`), or unset MLFLOW_TRACKING_URI and tracking.tracking_uri to "
+                                f"use the embedded store") from err
+    mlflow.set_tracking_uri(uri)
+    return uri
+
+
+def use_experiment(settings: TrackingParams, root: Path) -> None:
+    """Make ``settings.experiment`` current, creating it if needed: with artifacts under ``root/mlartifacts`` for a
+    local store, at the server's own (proxied) artifact root for a server.
+
+    Raises:
+        TrackingError: if the server holds the experiment with a client-side ``file:`` artifact location (made by
+            an old client): its artifacts would never reach the server.
+    """
+    import mlflow
+
+    uri = connect(settings, root)
+    experiment = mlflow.get_experiment_by_name(settings.experiment)
+    if experiment is None:
+        location = None if is_server(uri) else (root / "mlartifacts").as_uri()
+        mlflow.create_experiment(settings.experiment, artifact_location=location)
+    elif is_server(uri) and experiment.artifact_location.startswith("file:"):
+        raise TrackingError(f"experiment {settings.experiment!r} on {uri} stores artifacts at "
+                            f"{experiment.artifact_location}, on the client's disk, not through the server: set "
+                            f"tracking.experiment to a new name (or delete that experiment on the server)")
+    mlflow.set_experiment(settings.experiment)
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -66,10 +127,7 @@ def log_stage_run(stage: str, settings: TrackingParams, root: Path, params: Mapp
         return None
     import mlflow
 
-    mlflow.set_tracking_uri(tracking_uri(settings, root))
-    if mlflow.get_experiment_by_name(settings.experiment) is None:
-        mlflow.create_experiment(settings.experiment, artifact_location=(root / "mlartifacts").as_uri())
-    mlflow.set_experiment(settings.experiment)
+    use_experiment(settings, root)
     with mlflow.start_run(run_name=stage, tags={"stage": stage}) as run:
         mlflow.log_params({k: str(v)[:MAX_PARAM_CHARS] for k, v in flatten(params).items()})
         mlflow.log_metrics(_numeric(metrics))
@@ -110,10 +168,7 @@ def register_plan(settings: TrackingParams, root: Path, stage: str, plan_path: P
             models = [m["model"] for m in self.plan["models"]]
             return [models[i] for i in np.searchsorted(cuts, model_input["score"].to_numpy(), side="right")]
 
-    mlflow.set_tracking_uri(tracking_uri(settings, root))
-    if mlflow.get_experiment_by_name(settings.experiment) is None:
-        mlflow.create_experiment(settings.experiment, artifact_location=(root / "mlartifacts").as_uri())
-    mlflow.set_experiment(settings.experiment)
+    use_experiment(settings, root)
     with mlflow.start_run(run_name=stage, tags={"stage": stage}):
         mlflow.log_params({k: str(v)[:MAX_PARAM_CHARS] for k, v in flatten(params).items()})
         mlflow.log_metrics(_numeric(metrics))
@@ -130,7 +185,7 @@ def register_plan(settings: TrackingParams, root: Path, stage: str, plan_path: P
 def _client(settings: TrackingParams, root: Path) -> Any:
     import mlflow
 
-    return mlflow.MlflowClient(tracking_uri=tracking_uri(settings, root))
+    return mlflow.MlflowClient(tracking_uri=connect(settings, root))
 
 
 def alias_version(settings: TrackingParams, root: Path, model_name: str, alias: str) -> dict[str, Any] | None:
@@ -159,7 +214,7 @@ def plan_artifact(settings: TrackingParams, root: Path, model_name: str, version
 
     import mlflow
 
-    mlflow.set_tracking_uri(tracking_uri(settings, root))
+    connect(settings, root)
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{model_name}/{version}", dst_path=tmp))
         found = sorted(p for p in local.rglob(file_name or "*.json") if p.parent.name == "artifacts"

@@ -1,7 +1,8 @@
 """Flow ``reprofile_fleet``: HELIOS step 4 on a schedule. Drifted traffic -> re-profile -> gates -> promotion.
 
 Reads the live per-request telemetry (a serving engine's persisted file or its ``/telemetry`` URL), tests it against
-the reference the PHT was profiled on, and only on drift writes the window as the telemetry snapshot. The snapshot is
+the reference the PHT was profiled on, records the check (reports/reprofile/drift.json, an MLflow run
+``reprofile``), and only on drift writes the window as the telemetry snapshot. The snapshot is
 a DVC dependency of ``online_profile``, so the re-plan below is DVC's decision: ``dvc repro gate`` re-runs
 ``online_profile`` and ``gate`` when the snapshot changed and nothing when it did not (never ``--force``). A passing
 gate then moves the ``champion`` alias.
@@ -19,7 +20,7 @@ from prefect import flow, get_run_logger
 
 from exitplan.pipeline import ReproResult
 from tasks.pipeline import check_config, repro_stage
-from tasks.reprofile import detect_drift, promote_plan, read_telemetry, write_snapshot
+from tasks.reprofile import detect_drift, promote_plan, read_telemetry, record_check, write_snapshot
 
 
 @dataclass
@@ -29,12 +30,14 @@ class ReprofileOutcome:
     Attributes:
         drifted: Whether any drift test fired.
         report: The drift tests, in words.
+        run_id: The MLflow run that recorded the check (None with tracking off).
         repro: The ``dvc repro`` runs (empty without drift).
         promotion: What promotion did (empty without drift).
     """
 
     drifted: bool
     report: str
+    run_id: str | None = None
     repro: list[ReproResult] = field(default_factory=list)
     promotion: str = ""
 
@@ -47,17 +50,18 @@ def reprofile_fleet(params_path: str = "params.yaml", telemetry: str | None = No
     source = source if source.startswith(("http://", "https://")) else str(params.path(source))
     current = read_telemetry(source, params.reprofile.window, params.deploy.api_key_env)
     report = detect_drift(params, current)
+    run_id = record_check(params, report, source)
     logger = get_run_logger()
     logger.info("drift tests on %d live vs %d reference requests:\n%s", report.current_requests,
                 report.reference_requests, report.describe())
     if not report.drifted:
         print(f"re-profiling: no drift in {source}; nothing to re-plan\n{report.describe()}")
-        return ReprofileOutcome(False, report.describe())
+        return ReprofileOutcome(False, report.describe(), run_id)
     write_snapshot(params, current)
     runs = [repro_stage("gate", params.root)]
     promotion = promote_plan(params)
     print(f"re-profiling: drift in {source} -> ran {', '.join(runs[0].ran) or 'nothing'}; {promotion}")
-    return ReprofileOutcome(True, report.describe(), runs, promotion)
+    return ReprofileOutcome(True, report.describe(), run_id, runs, promotion)
 
 
 if __name__ == "__main__":

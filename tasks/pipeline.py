@@ -16,9 +16,10 @@ def check_config(params_path: Path) -> Params:
     return load_params(params_path)
 
 
-@task(name="dvc-repro", retries=1, retry_delay_seconds=5)
+@task(name="dvc-repro")
 def repro_stage(target: str, root: Path) -> ReproResult:
-    """``dvc repro <target>``: runs the stage only if DVC finds it stale."""
+    """``dvc repro <target>``: runs the stage only if DVC finds it stale. No retries: a stage that failed fails the
+    same way again (and a concurrent run of the checkout waits on its lock instead of failing)."""
     return repro(target, root)
 
 

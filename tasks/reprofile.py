@@ -1,8 +1,10 @@
-"""Tasks of re-profiling and promotion: read telemetry, test for drift, write the snapshot, promote."""
+"""Tasks of re-profiling and promotion: read telemetry, test for drift, record the check, write the snapshot,
+promote."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from prefect import task
@@ -10,8 +12,24 @@ from prefect import task
 from exitplan.config import Params
 from exitplan.profiling.drift import DriftReport
 
+REPORT = Path("reports") / "reprofile" / "drift.json"
+"""The last drift check, relative to the checkout (also each check's MLflow artifact)."""
 
-@task(name="read-telemetry", retries=2, retry_delay_seconds=10)
+
+def retry_unless_missing(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect retry condition: retry what may pass next time, not a missing input (an earlier stage must run)."""
+    from exitplan.errors import MissingInput
+
+    try:
+        state.result()
+    except MissingInput:
+        return False
+    except Exception:  # noqa: BLE001 - any other failure (a URL that did not answer) may be transient
+        return True
+    return True
+
+
+@task(name="read-telemetry", retries=2, retry_delay_seconds=10, retry_condition_fn=retry_unless_missing)
 def read_telemetry(source: str, window: int, api_key_env: str = "EXITPLAN_API_KEY") -> pd.DataFrame:
     """The live window of per-request telemetry (a file, or a running engine's URL, with the key in
     ``$api_key_env``)."""
@@ -25,12 +43,20 @@ def read_telemetry(source: str, window: int, api_key_env: str = "EXITPLAN_API_KE
 @task(name="detect-drift")
 def detect_drift(params: Params, current: pd.DataFrame) -> DriftReport:
     """Test the live window against the reference telemetry the PHT was profiled on."""
-    from exitplan.profiling.drift import detect
+    from exitplan.profiling.drift import detect, read_reference
 
     section = params.reprofile
-    reference = pd.read_parquet(params.path(params.online_profile.reference_telemetry))
+    reference = read_reference(params.path(params.online_profile.reference_telemetry))
     return detect(reference, current, params.helios.threshold, section.alpha, section.min_effect,
                   section.min_requests)
+
+
+@task(name="record-check")
+def record_check(params: Params, report: DriftReport, source: str) -> str | None:
+    """Write the check to reports/reprofile/drift.json and log it to MLflow (run ``reprofile``)."""
+    from exitplan.profiling.drift import record_check as record
+
+    return record(report, source, params.path(REPORT), params.tracking, params.root)
 
 
 @task(name="write-snapshot")

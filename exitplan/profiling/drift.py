@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from exitplan.errors import ExitplanError
+from exitplan.config import TrackingParams
+from exitplan.errors import ExitplanError, MissingInput
 
 REQUIRED = ("request_id", "exit_layers", "confidences", "output_tokens")
 """Columns the tests read."""
@@ -168,6 +169,38 @@ def detect(reference: pd.DataFrame, current: pd.DataFrame, threshold: float, alp
     return DriftReport(*sizes, tests=tests)
 
 
+def read_reference(path: Path) -> pd.DataFrame:
+    """The reference telemetry the PHT was profiled on (``online_profile``'s output).
+
+    Raises:
+        MissingInput: if ``online_profile`` has not run (naming the command that makes it).
+    """
+    from exitplan.files import read_table
+
+    if not path.is_file():
+        raise MissingInput(f"no reference telemetry at {path}: it is online_profile's output; run "
+                           f"`dvc repro online_profile` (or `make run`) first")
+    return read_table(path, "reference telemetry")
+
+
+def record_check(report: DriftReport, source: str, out: Path, tracking: TrackingParams, root: Path) -> str | None:
+    """Write one drift check to ``out`` (JSON, atomically) and log it as an MLflow run ``reprofile`` with the file
+    as its artifact: the history of every scheduled check, drifted or not.
+
+    Returns:
+        The MLflow run id (None with tracking off).
+    """
+    from exitplan.atomic import write_json
+    from exitplan.tracking import log_stage_run
+
+    write_json(out, {**report.as_dict(), "source": source})
+    metrics = {"drifted": float(report.drifted), "current_requests": report.current_requests,
+               "reference_requests": report.reference_requests,
+               **{f"p_value.{t.name}": t.p_value for t in report.tests},
+               **{f"effect.{t.name}": t.effect for t in report.tests}}
+    return log_stage_run("reprofile", tracking, root, {"source": source}, metrics, [out])
+
+
 def read_telemetry(source: str, window: int, api_key: str | None = None) -> pd.DataFrame:
     """The last ``window`` requests of per-request telemetry from a Parquet file or a running engine's URL.
 
@@ -201,8 +234,9 @@ def read_telemetry(source: str, window: int, api_key: str | None = None) -> pd.D
 
         paths = sorted(glob.glob(source))
         if not paths:
-            raise ExitplanError(f"no telemetry at {source}: point reprofile.telemetry at a serving engine's "
-                                f"persisted telemetry (a glob joins several) or its /telemetry URL")
+            raise MissingInput(f"no telemetry at {source}: point reprofile.telemetry at a serving engine's "
+                               f"persisted telemetry (a glob joins several) or its /telemetry URL, or serve "
+                               f"traffic first (`exitplan deploy --keep` writes data/telemetry/live-*.parquet)")
         frame = pd.concat([read_table(Path(p), "telemetry") for p in paths], ignore_index=True)
         if "finish_s" in frame.columns and len(paths) > 1:
             frame = frame.sort_values("finish_s", kind="stable")

@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from exitplan.catalog import Catalog, Gpu, Model
-from exitplan.config import EngineParams
+from exitplan.config import DaskParams, EngineParams
 from exitplan.errors import SimulationError
+from exitplan.fanout import sweep
 from exitplan.simulator.cost_model import ReplicaSpec, validate_parallelism
 from exitplan.simulator.curve import LatencyCurve
 from exitplan.simulator.metrics import summarize
@@ -126,16 +127,20 @@ def sweep_layout(model: Model, gpu: Gpu, layout: Layout, engine: EngineParams, q
 
 
 def _sweep_job(job: tuple) -> list[dict[str, Any]]:
-    """Picklable wrapper of :func:`sweep_layout` for worker processes."""
+    """:func:`sweep_layout` of one job tuple (a module-level function, so Dask workers can import it)."""
     return sweep_layout(*job)
 
 
 def build_perf_db(catalog: Catalog, models: Iterable[str], gpus: Iterable[str], engine: EngineParams,
                   qps_grid: Sequence[float], lengths: tuple[np.ndarray, np.ndarray], num_requests: int,
                   seed: int = 0, max_gpus_per_replica: int = 8, layer_fractions: Sequence[float] = (1.0,),
-                  workers: int = 1, progress: Callable[[str], None] | None = None,
-                  model_lengths: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None) -> Any:
+                  dask: DaskParams | None = None, progress: Callable[[str], None] | None = None,
+                  model_lengths: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+                  client: Any = None) -> Any:
     """The perf DB as a DataFrame (one row per model x layout x load).
+
+    Each layout is one job of a Dask sweep (:func:`exitplan.fanout.sweep`); the rows come back in layout order, so
+    the table is the same however many workers swept it.
 
     Args:
         catalog: GPUs and models.
@@ -148,9 +153,10 @@ def build_perf_db(catalog: Catalog, models: Iterable[str], gpus: Iterable[str], 
         seed: Seed of lengths and arrivals.
         max_gpus_per_replica: Largest TP x PP considered.
         layer_fractions: Shares of the layers held (1.0 = full model; less = partial early-exit replicas).
-        workers: Processes sweeping layouts in parallel (1 = in this process).
+        dask: Where the layouts are swept (default: in this process).
         progress: Called with a line per layout swept.
         model_lengths: Model -> its own (prompt, output) lengths, used instead of ``lengths`` for that model.
+        client: A running Dask client to sweep on instead of one made from ``dask``.
 
     Raises:
         SimulationError: if no layout of a model fits any of the GPUs.
@@ -171,21 +177,9 @@ def build_perf_db(catalog: Catalog, models: Iterable[str], gpus: Iterable[str], 
         own = (model_lengths or {}).get(name, lengths)
         jobs.extend((model, gpu, layout, engine, list(qps_grid), own, num_requests, seed)
                     for gpu, layout in layouts)
-    rows: list[dict[str, Any]] = []
-    if workers > 1:
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            for job, result in zip(jobs, pool.map(_sweep_job, jobs, chunksize=2), strict=True):
-                rows.extend(result)
-                if progress:
-                    progress(_describe(job))
-    else:
-        for job in jobs:
-            rows.extend(_sweep_job(job))
-            if progress:
-                progress(_describe(job))
-    return pd.DataFrame(rows)
+    done = (lambda job: progress(_describe(job))) if progress else None
+    swept = sweep(_sweep_job, jobs, dask or DaskParams(workers=1), done, client)
+    return pd.DataFrame([row for rows in swept for row in rows])
 
 
 def _describe(job: tuple) -> str:

@@ -77,7 +77,7 @@ def main(params: Params) -> dict[str, Any]:
     started = time.perf_counter()
     db = build_perf_db(catalog, section.models, section.gpus, params.simulator.engine, section.qps, lengths,
                        section.requests_per_point, section.seed, section.max_gpus_per_replica,
-                       section.layer_fractions, section.workers, model_lengths=own)
+                       section.layer_fractions, params.dask, model_lengths=own)
     seconds = time.perf_counter() - started
     reports = params.path("reports") / STAGE
     write_parquet(params.path(section.output_dir) / DB_FILE, db)

@@ -30,7 +30,8 @@ def _small_params(repo: Path) -> dict:
     workload["traces"] = [{"name": "small", "arrival": "gamma", "burstiness": 0.5, "qps": 5.0,
                            "num_requests": 60, "mix": {"gsm8k": 0.5, "humaneval": 0.5}}]
     tree["build_perf_db"].update(models=[SMOLLM2, "meta-llama/Llama-2-7b-hf"], gpus=["rtx-4090"], qps=[1.0, 4.0],
-                                 requests_per_point=50, lengths_trace="small", max_gpus_per_replica=2, workers=1)
+                                 requests_per_point=50, lengths_trace="small", max_gpus_per_replica=2)
+    tree["dask"]["workers"] = 1
     tree["train_exits"].update(models=[SMOLLM2], exit_every=10, exits_from_end=[2],
                                head_kinds=["affine", "block"],
                                datasets=["gsm8k", "humaneval"], chunk_tokens=32, train_chunks=24, eval_chunks=4,

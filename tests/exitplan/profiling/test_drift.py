@@ -78,3 +78,11 @@ def test_telemetry_is_read_from_a_file_keeping_the_last_window(tmp_path) -> None
     assert len(frame) == 10 and frame["request_id"].iloc[-1] == "r29"
     with pytest.raises(ExitplanError, match="no telemetry"):
         read_telemetry(str(tmp_path / "missing.parquet"), 10)
+
+
+def test_a_missing_reference_names_the_stage_that_makes_it(tmp_path) -> None:
+    from exitplan.errors import MissingInput
+    from exitplan.profiling.drift import read_reference
+
+    with pytest.raises(MissingInput, match="dvc repro online_profile"):
+        read_reference(tmp_path / "reference_telemetry.parquet")
