@@ -79,21 +79,50 @@ def checkout_lock(root: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def repro(target: str, root: Path) -> ReproResult:
-    """Run ``dvc repro <target>`` in ``root`` (holding :func:`checkout_lock`) and report which stages ran.
+def dvc(args: list[str], root: Path) -> str:
+    """Run ``dvc <args>`` in ``root`` (holding :func:`checkout_lock`) with this environment's programs on PATH.
+
+    Returns:
+        DVC's console output.
 
     Raises:
-        PipelineError: with DVC's last lines when the stage fails.
+        PipelineError: with DVC's last lines when it fails.
     """
     # Stage commands (`exitplan stage ...`) must run in this same environment, activated or not.
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")])}
     with checkout_lock(root):
-        result = subprocess.run([dvc_executable(), "repro", target], cwd=root, env=env, capture_output=True,
-                                text=True, check=False)
+        result = subprocess.run([dvc_executable(), *args], cwd=root, env=env, capture_output=True, text=True,
+                                check=False)
     output = result.stdout + result.stderr
     if result.returncode != 0:
         tail = "\n".join(output.strip().splitlines()[-15:])
-        raise PipelineError(f"dvc repro {target} failed (exit {result.returncode}):\n{tail}")
+        raise PipelineError(f"dvc {' '.join(args)} failed (exit {result.returncode}):\n{tail}")
+    return output
+
+
+def repro(target: str, root: Path) -> ReproResult:
+    """Run ``dvc repro <target>`` in ``root`` and report which stages ran.
+
+    Raises:
+        PipelineError: with DVC's last lines when the stage fails.
+    """
+    output = dvc(["repro", target], root)
     ran = [line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage '")]
     return ReproResult(target, ran, output)
+
+
+def push(root: Path) -> str:
+    """``dvc push``: every output of ``dvc.lock`` to the default remote (``.dvc/config``; a machine of its own may
+    point it elsewhere with ``dvc remote modify --local``), so that another clone's ``dvc pull`` finds every stage
+    current.
+
+    Returns:
+        DVC's summary line (how many files were pushed).
+
+    Raises:
+        PipelineError: if the remote cannot be reached or written (naming it, with DVC's message).
+    """
+    output = dvc(["push"], root)
+    lines = [line for line in output.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "nothing to push"

@@ -14,7 +14,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 
 from exitplan.pipeline import ReproResult
-from tasks.pipeline import check_config, repro_stage, summarize
+from tasks.pipeline import check_config, push_outputs, repro_stage, summarize
 from tasks.reprofile import promote_plan
 
 STAGES = ("fetch_models", "prepare_workload", "import_labels", "build_perf_db", "train_exits", "exit_profile", "profile_device",
@@ -23,9 +23,11 @@ STAGES = ("fetch_models", "prepare_workload", "import_labels", "build_perf_db", 
 
 
 @flow(name="plan_fleet", log_prints=True)
-def plan_fleet(params_path: str = "params.yaml", stages: list[str] | None = None) -> list[ReproResult]:
+def plan_fleet(params_path: str = "params.yaml", stages: list[str] | None = None,
+               push: bool = True) -> list[ReproResult]:
     """Run the pipeline's stages through ``dvc repro`` (each only if stale), promote the plan if its gates passed
-    (raises, naming every failed expectation, if not), and report where outputs are."""
+    (raises, naming every failed expectation, if not), push the outputs to the DVC remote (``push``), and report
+    where outputs are."""
     params = check_config(Path(params_path))
     results = [repro_stage(stage, params.root) for stage in (stages or STAGES)]
     logger = get_run_logger()
@@ -33,6 +35,8 @@ def plan_fleet(params_path: str = "params.yaml", stages: list[str] | None = None
         logger.info("%s: %s", result.target, ", ".join(result.ran) or "up to date")
     if "gate" in [r.target for r in results] and params.tracking.enabled:
         logger.info("promotion: %s", promote_plan(params))
+    if push:
+        logger.info("dvc push: %s", push_outputs(params.root))
     print(summarize(params))
     return results
 

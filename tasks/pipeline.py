@@ -7,7 +7,7 @@ from pathlib import Path
 from prefect import task
 
 from exitplan.config import Params, load_params
-from exitplan.pipeline import ReproResult, repro
+from exitplan.pipeline import ReproResult, push, repro
 
 
 @task(name="check-config")
@@ -29,3 +29,9 @@ def summarize(params: Params) -> str:
     from exitplan.summary import outputs
 
     return outputs(params)
+
+
+@task(name="dvc-push", retries=2, retry_delay_seconds=10)
+def push_outputs(root: Path) -> str:
+    """``dvc push`` of every pipeline output to the default remote (a network remote may drop a connection)."""
+    return push(root)

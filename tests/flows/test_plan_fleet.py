@@ -90,6 +90,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _user_labels(repo / "user_labels.csv")
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     subprocess.run([dvc_executable(), "init", "-q"], cwd=repo, check=True)
+    remote = tmp_path_factory.mktemp("dvc-remote")
+    subprocess.run([dvc_executable(), "remote", "add", "-d", "storage", str(remote)], cwd=repo, check=True)
     return repo
 
 
@@ -152,6 +154,15 @@ def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) 
     assert len(trace) == 60 and set(trace["dataset"]) == {"gsm8k", "humaneval"}
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
     assert {f"fetch_models@{SMOLLM2}", "prepare_workload"} <= set(lock["stages"])
+
+
+def test_the_outputs_are_pushed_to_the_remote_for_another_clone(repo: Path, flow_results) -> None:
+    status = subprocess.run([dvc_executable(), "status", "--cloud", "--json"], cwd=repo, capture_output=True,
+                            text=True, check=True)
+    assert json.loads(status.stdout) == {}  # every cached output is in the remote
+    remote = Path(subprocess.run([dvc_executable(), "remote", "list"], cwd=repo, capture_output=True, text=True,
+                                 check=True).stdout.split()[1])
+    assert len([p for p in (remote / "files" / "md5").rglob("*") if p.is_file()]) > 10
 
 
 def test_stage_runs_are_tracked_in_mlflow(repo: Path, flow_results) -> None:
