@@ -89,6 +89,36 @@ def lineage(params: Params) -> dict[str, str]:
             "dvc_lock_sha256": hashlib.sha256(lock_path.read_bytes()).hexdigest() if lock_path.is_file() else ""}
 
 
+def register_pulled_plan(params: Params) -> dict[str, Any] | None:
+    """Register the pipeline's current plan as ``challenger`` in a tracking store that has none.
+
+    DVC's outputs are the truth of what is current; the registry is where plans are promoted. A clone that pulled
+    its outputs from the DVC remote (every stage current, so the plan stage does not run) starts with an empty
+    embedded store, and so does a new tracking server: the plan the gate report is for is registered from the
+    outputs, tagged ``registered_from=dvc_outputs``, and then goes through the same gate as any challenger.
+
+    Returns:
+        The new challenger (as :func:`exitplan.tracking.alias_version` gives it), or None without a plan output.
+    """
+    from exitplan.routing.router_file import ROUTER_FILE
+
+    section = params.plan
+    first = section.scenarios[0].name
+    out = params.path(section.output_dir) / first
+    if not (out / "plan.json").is_file():
+        return None
+    reports = [p for p in (params.path("reports") / "plan" / "metrics.json", out / "front.parquet") if p.is_file()]
+    router = out / ROUTER_FILE
+    name = section.registered_name(first)
+    version = tracking.register_plan(params.tracking, params.root, "plan", out / "plan.json", name,
+                                     section.model_dump(), {}, reports, router_path=router if router.is_file()
+                                     else None)
+    if version is None:
+        return None
+    tracking.set_alias(params.tracking, params.root, name, CHALLENGER, version, {"registered_from": "dvc_outputs"})
+    return tracking.alias_version(params.tracking, params.root, name, CHALLENGER)
+
+
 def promote(params: Params, dry_run: bool = False) -> Promotion:
     """Gate the challenger and, if it passes, point ``champion`` at it.
 
@@ -98,6 +128,8 @@ def promote(params: Params, dry_run: bool = False) -> Promotion:
     """
     settings, name = params.tracking, params.plan.registered_model
     challenger = tracking.alias_version(settings, params.root, name, CHALLENGER)
+    if challenger is None and not dry_run:
+        challenger = register_pulled_plan(params)
     if challenger is None:
         raise ExitplanError(f"no '{CHALLENGER}' version of {name}: run the plan stage first")
     champion = tracking.alias_version(settings, params.root, name, CHAMPION)

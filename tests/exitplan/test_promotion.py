@@ -102,3 +102,21 @@ def test_rollback_returns_to_the_previous_champion(params: Params) -> None:
 def test_promotion_without_a_challenger_or_report_is_refused(params: Params) -> None:
     with pytest.raises(ExitplanError, match="no 'challenger'"):
         promote(params)
+
+
+def test_a_clone_with_pulled_outputs_registers_their_plan_and_promotes_it(params: Params) -> None:
+    plan = params.path(params.plan.output_dir) / params.plan.scenarios[0].name / "plan.json"
+    plan.parent.mkdir(parents=True)
+    plan.write_text(json.dumps({"predicted_p95_s": 0.5, "models": [{"model": "a", "fraction": 1.0}]}))
+    report = {"plan": str(plan), "plan_sha256": hashlib.sha256(plan.read_bytes()).hexdigest(), "passed": True,
+              "quality": [{"model": "a", "ppl_helios": 2.0}],
+              "suites": [{"suite": "quality", "success": True, "failures": [], "evaluated": 3}]}
+    gate = params.path(params.gates.output_dir) / "gate.json"
+    gate.parent.mkdir(parents=True)
+    gate.write_text(json.dumps(report))
+    result = promote(params)  # an empty store: nothing was registered here
+    assert result.champion_after == "1" and champion(params) == "1"
+    version = tracking.alias_version(params.tracking, params.root, MODEL, "challenger")
+    assert version["tags"]["registered_from"] == "dvc_outputs"
+    assert json.loads(tracking.plan_artifact(params.tracking, params.root, MODEL, "1")) == json.loads(
+        plan.read_text())
