@@ -7,6 +7,7 @@ into it. Prefect calls it by its dotted name before it loads the flow; it does n
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -14,6 +15,9 @@ from exitplan.errors import PipelineError
 
 ROOT_ENV = "EXITPLAN_ROOT"
 """The environment variable (a job variable of the deployments) that names the checkout."""
+
+RUN_ID_ENV = "PREFECT__FLOW_RUN_ID"
+"""Where a Prefect worker puts the id of the flow run it started."""
 
 MARKERS = ("dvc.yaml", "params.yaml", "flows")
 """What a checkout holds: without them a flow run cannot do anything."""
@@ -46,7 +50,13 @@ def enter_checkout(directory: str | None = None) -> dict[str, str]:
     Returns:
         ``{"directory": <the checkout>}`` (later steps may refer to it).
     """
-    root = check_checkout(directory)
+    try:
+        root = check_checkout(directory)
+    except PipelineError as err:
+        # Prefect reports a failed pull step only as a crash; this line reaches the flow run's own logs (its id is
+        # in the worker-given environment), so the user reads what to fix where the run failed.
+        logging.getLogger("prefect.flow_runs").error(str(err), extra={"flow_run_id": os.environ.get(RUN_ID_ENV)})
+        raise
     os.chdir(root)
     os.environ[ROOT_ENV] = str(root)
     return {"directory": str(root)}

@@ -139,6 +139,37 @@ def test_a_missing_input_fails_without_retries_naming_what_to_do(profile) -> Non
     assert "no telemetry at" in str(tried["read-telemetry"].state.message)
 
 
+def test_a_deployment_made_without_the_checkout_root_says_so(profile) -> None:
+    import os
+    import subprocess
+    import sys
+
+    params, _ = profile
+    env = {k: v for k, v in os.environ.items() if k not in ("EXITPLAN_ROOT", "MLFLOW_TRACKING_URI")}
+    subprocess.run([str(Path(sys.executable).with_name("prefect")), "--no-prompt", "deploy", "--name",
+                    "reprofile-fleet"], cwd=params.root, check=True, capture_output=True,
+                   env={**env, "PREFECT_API_URL": prefect_api(params)})
+    run = _run(params, "reprofile_fleet/reprofile-fleet")
+    assert run.state.is_crashed() or run.state.is_failed()
+    logs = _logs(params, run.id)
+    assert "EXITPLAN_ROOT" in logs and "exitplan infra deploy" in logs, logs[-2000:]
+
+
+def _logs(params: Params, flow_run_id) -> str:
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    async def fetch() -> list:
+        async with get_client() as client:
+            return await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+
+    with temporary_settings({PREFECT_API_URL: prefect_api(params)}):
+        return "\n".join(log.message for log in asyncio.run(fetch()))
+
+
 def test_down_leaves_no_process(checkout: Path, profile) -> None:
     params, _ = profile
     state = state_dir(params)
