@@ -1,8 +1,8 @@
 """Embarrassingly parallel sweeps on ``dask.distributed``: a local cluster sized to this machine, or a running one.
 
 A sweep is a list of independent jobs and one module-level function. With one worker and no scheduler it runs in
-this process (no cluster at all); otherwise each job is a Dask task, so an existing scheduler spreads a sweep over
-as many machines as have workers attached (each with exitplan installed). Results come back in job order whichever
+this process (no cluster at all); otherwise the jobs go to Dask in batches (a dozen tasks per worker thread), so an
+existing scheduler spreads a sweep over as many machines as have workers attached (each with exitplan installed). Results come back in job order whichever
 worker finished first, so a sweep's output does not depend on how it was spread.
 """
 
@@ -83,7 +83,7 @@ def sweep(function: Callable[[Job], Result], jobs: Sequence[Job], settings: Dask
 
     Args:
         function: A module-level function (workers import it by name).
-        jobs: The inputs, each sent to a worker once.
+        jobs: The inputs, each run once (in a batch of jobs on some worker).
         settings: The ``dask`` section of params.
         progress: Called with each job as it finishes (in finishing order).
         client: A Dask client to use instead of one made from ``settings`` (a benchmark reuses its cluster).
@@ -92,12 +92,7 @@ def sweep(function: Callable[[Job], Result], jobs: Sequence[Job], settings: Dask
         The results in the order of ``jobs``.
     """
     if client is None and in_process(settings):
-        results = []
-        for job in jobs:
-            results.append(function(job))
-            if progress:
-                progress(job)
-        return results
+        return [_done(function(job), job, progress) for job in jobs]
     if client is None:
         with dask_client(settings) as own:
             return sweep(function, jobs, settings, progress, own)
@@ -109,10 +104,15 @@ def sweep(function: Callable[[Job], Result], jobs: Sequence[Job], settings: Dask
     results: list[Any] = [None] * len(jobs)
     for future in as_completed(futures):
         for at, result in zip(index[future.key], future.result(), strict=True):
-            results[at] = result
-            if progress:
-                progress(jobs[at])
+            results[at] = _done(result, jobs[at], progress)
     return results
+
+
+def _done(result: Result, job: Job, progress: Callable[[Job], None] | None) -> Result:
+    """Report ``job`` finished (when asked to) and pass its result on."""
+    if progress:
+        progress(job)
+    return result
 
 
 def _batches(count: int, wanted: int) -> list[list[int]]:
