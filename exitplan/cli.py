@@ -286,15 +286,20 @@ def deploy(
     params: ParamsOption = Path(DEFAULT_PARAMS),
     render_only: Annotated[bool, typer.Option("--render-only", help="Write the launch files; start nothing.")] = False,
     keep: Annotated[bool, typer.Option("--keep", help="Leave the local fleet running (Ctrl-C stops it).")] = False,
+    backend: Annotated[str | None, typer.Option("--backend", help="Local replicas: exitplan (our engine servers) "
+                                                "or vllm (vLLM's CPU build); default deploy.backend.")] = None,
 ) -> None:
-    """Render the champion plan as vLLM launch files per GPU host; start a local fleet (engine servers for the plan
-    models that run here + the coordinator, on loopback), wait for health, send a smoke request."""
+    """Render the champion plan as vLLM launch files per GPU host (the bundle, with the CUDA vLLM lock); start a
+    local fleet (replicas of the plan models that run here, on our engine or on vLLM, + the coordinator, on
+    loopback), wait for health, send a smoke request through the coordinator with the ``openai`` client."""
     import os
     import time
 
     from exitplan.deploy import render_champion, smoke, start_local
 
     loaded = _params(params)
+    if backend is not None:
+        loaded = _with_backend(loaded, backend)
     rendered = render_champion(loaded)
     table = Table("model", "host", "GPUs", "weight", "vllm serve ...", title=f"champion v{rendered.version}")
     for r in rendered.replicas:
@@ -316,6 +321,20 @@ def deploy(
         pass
     finally:
         fleet.stop()
+
+
+def _with_backend(params: Any, backend: str) -> Any:
+    """``params`` with ``deploy.backend`` replaced (checked like params.yaml's value)."""
+    from pydantic import ValidationError
+
+    from exitplan.config import DeployParams
+    from exitplan.errors import ConfigError
+
+    try:
+        section = DeployParams.model_validate({**params.deploy.model_dump(), "backend": backend})
+    except ValidationError as exc:
+        raise ConfigError(f"--backend {backend!r}: must be 'exitplan' or 'vllm'") from exc
+    return params.model_copy(update={"deploy": section})
 
 
 def _print_status(rows: list[Any]) -> None:

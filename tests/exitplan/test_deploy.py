@@ -42,8 +42,9 @@ def test_every_dp_rank_becomes_a_replica_with_the_simulated_knobs(catalog) -> No
 def test_a_partial_replica_loads_only_its_layers(catalog) -> None:
     (replica, _) = render(plan([group("rtx-4090", 1, layers=12)], [group("rtx-4090", 1)]), catalog, EngineParams(),
                           9000)
-    overrides = json.loads(replica.args[replica.args.index("--hf-overrides") + 1])
-    assert overrides == {"num_hidden_layers": 12} and replica.layers == 12
+    # vLLM cannot drop layers by --hf-overrides: the replica serves its truncated checkpoint under the model's name
+    assert replica.args[:3] == ["vllm", "serve", f"models/{QWEN_S}-L12"] and "--hf-overrides" not in replica.args
+    assert replica.args[replica.args.index("--served-model-name") + 1] == QWEN_S and replica.layers == 12
 
 
 def test_a_replica_larger_than_a_host_or_an_unknown_gpu_is_refused(catalog) -> None:
@@ -68,6 +69,7 @@ def test_launch_files_hold_one_script_per_host(catalog, tmp_path) -> None:
     fleet = json.loads((tmp_path / "fleet.json").read_text())
     assert fleet["models"] == [QWEN_S, QWEN_L] and len(fleet["replicas"]) == 5
     assert "--host 127.0.0.1" in text and "0.0.0.0" not in text and "--api-key" not in text
+    assert "vllm==0.32.0" in (tmp_path / "requirements-vllm-cuda.lock").read_text()  # the bundle's CUDA vLLM
 
 
 def test_a_launch_script_refuses_to_start_without_the_key_and_passes_it_by_environment(catalog, tmp_path) -> None:
@@ -81,9 +83,9 @@ def test_a_launch_script_refuses_to_start_without_the_key_and_passes_it_by_envir
     (fake / "vllm").write_text('#!/usr/bin/env bash\necho "key=$VLLM_API_KEY args=$*" >> "$OUT"\n')
     (fake / "vllm").chmod(0o755)
     env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(tmp_path / "calls.txt")}
-    refused = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True)
+    refused = subprocess.run(["bash", str(script)], cwd="/", env=env, capture_output=True, text=True)
     assert refused.returncode != 0 and "set MY_KEY" in refused.stderr and not (tmp_path / "calls.txt").exists()
-    ran = subprocess.run(["bash", str(script)], cwd=tmp_path, env={**env, "MY_KEY": "k3y"}, capture_output=True,
+    ran = subprocess.run(["bash", str(script)], cwd="/", env={**env, "MY_KEY": "k3y"}, capture_output=True,
                          text=True)
     calls = (tmp_path / "calls.txt").read_text().splitlines()
     assert ran.returncode == 0 and len(calls) == 2

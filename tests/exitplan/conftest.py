@@ -1,4 +1,4 @@
-"""Fixtures of the early-exit tests: tiny random models of each supported family, saved as checkpoints."""
+"""Fixtures of the library tests: tiny random models of each supported family, saved as checkpoints."""
 
 from __future__ import annotations
 

@@ -1,0 +1,79 @@
+"""CPU vLLM replicas started here: the command, how many this machine holds, and their cores."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from exitplan.config import Params
+from exitplan.vllm.environment import API_SERVER, ensure, process_env, python
+from exitplan.vllm.flags import Platform, Replica, serve_flags
+
+GIB = 2**30
+
+
+def command(params: Params, checkpoint: Path, replica: Replica) -> list[str]:
+    """The CPU replica's command line: the API server module of vLLM's environment on ``checkpoint``."""
+    engine = params.simulator.engine.model_copy(update={"max_num_seqs": params.vllm.max_num_seqs})
+    return [str(python(params)), "-m", API_SERVER, "--model", str(checkpoint),
+            *serve_flags(Platform.CPU, replica, engine)]
+
+
+def replica_gib(params: Params, checkpoint: Path) -> float:
+    """RAM one CPU replica of ``checkpoint`` holds: its weights in the replica's dtype, its KV cache, the rest."""
+    stored = sum(p.stat().st_size for p in checkpoint.glob("*.safetensors"))
+    dtype_bytes = 4 if params.vllm.dtype == "float32" else 2
+    weights = stored * dtype_bytes / _stored_bytes_per_param(checkpoint)
+    return weights / GIB + params.vllm.kv_cache_gib + params.vllm.memory_overhead_gib
+
+
+def _stored_bytes_per_param(checkpoint: Path) -> int:
+    from exitplan.files import read_json
+
+    config = read_json(checkpoint / "config.json", f"config of {checkpoint}")
+    return 2 if str(config.get("torch_dtype", config.get("dtype", "float32"))) in ("bfloat16", "float16") else 4
+
+
+def cores(count: int, threads: int) -> list[list[int]]:
+    """Disjoint core sets for ``count`` replicas of ``threads`` cores each, from the cores this process may use."""
+    usable = sorted(os.sched_getaffinity(0))
+    return [usable[i * threads:(i + 1) * threads] for i in range(count)]
+
+
+def capacity(params: Params, gib_each: list[float]) -> int:
+    """How many of the replicas (in order) this machine holds: one core set each, and their RAM."""
+    import psutil
+
+    free = psutil.virtual_memory().available / GIB
+    slots = len(os.sched_getaffinity(0)) // params.vllm.threads_per_replica
+    held, used = 0, 0.0
+    for gib in gib_each[:slots]:
+        if used + gib > free:
+            break
+        held, used = held + 1, used + gib
+    return held
+
+
+@dataclass
+class Started:
+    """A replica process started here."""
+
+    process: subprocess.Popen
+    url: str
+    log: Path
+
+
+def start(params: Params, checkpoint: Path, replica: Replica, core_set: list[int], log: Path) -> Started:
+    """Start one CPU replica (logging to ``log``); the caller waits for its ``/health``."""
+    venv_python = ensure(params)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = process_env(params.vllm, venv_python.parent.parent, core_set)
+    key = os.environ.get(params.deploy.api_key_env)
+    if key:
+        env["VLLM_API_KEY"] = key  # the coordinator sends its key on; never on a command line
+    with log.open("ab") as out:
+        process = subprocess.Popen(command(params, checkpoint, replica), cwd=params.root, env=env,
+                                   stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    return Started(process, f"http://{replica.host}:{replica.port}", log)
