@@ -193,7 +193,16 @@ def stage_exit_profile(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
 @stage_app.command("profile-device")
 def stage_profile_device(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
     """Time the candidates on this machine with the engine's runner; fit the simulator's device to the times."""
-    _, m = _run_stage("profile_device", params)
+    _print_device(_run_stage("profile_device", params)[1])
+
+
+@stage_app.command("profile-vllm")
+def stage_profile_vllm(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
+    """Time vLLM's CPU replicas of the models on this machine through their API; fit the simulator's device."""
+    _print_device(_run_stage("profile_vllm", params)[1])
+
+
+def _print_device(m: dict[str, Any]) -> None:
     console.print(f"{m['device']}: {m['flops_per_s'] / 1e9:.1f} GFLOP/s, {m['bytes_per_s'] / 1e9:.1f} GB/s, "
                   f"overheads {m['step_overhead_s'] * 1e3:.2f} ms/step + {m['seq_overhead_s'] * 1e3:.2f} ms/seq; "
                   f"fit error median {m['median_rel_err']:.1%}, max {m['max_rel_err']:.1%} over {m['points']} points")

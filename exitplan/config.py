@@ -427,6 +427,48 @@ class ProfileDeviceParams(StrictModel):
     """Folder of ``steps.parquet`` (measured points) and ``device.yaml`` (the fitted entry)."""
 
 
+class ProfileVllmParams(StrictModel):
+    """Stage ``profile_vllm``: vLLM's step times on this machine (CPU replicas as ``exitplan deploy`` starts them,
+    one core each), and the simulator's device fitted to them, so that plans for vLLM here can be simulated."""
+
+    models: list[str] = Field(min_length=1)
+    """Fetched models to serve and time (each on its own vLLM replica)."""
+
+    device_id: str = Field(default="vllm-cpu", pattern=r"^[a-z0-9-]+$")
+    """Id of the fitted device entry."""
+
+    batch_sizes: list[PositiveInt] = Field(default_factory=lambda: [1, 4, 8, 16], min_length=1)
+    """Decode batch sizes timed (concurrent streams; at most ``vllm.max_num_seqs``)."""
+
+    contexts: list[PositiveInt] = Field(default_factory=lambda: [64, 256], min_length=1)
+    """Prompt tokens of each stream of the timed decode steps."""
+
+    prefill_lengths: list[PositiveInt] = Field(default_factory=lambda: [32, 128, 512], min_length=1)
+    """Prompt lengths of the timed single-request prefills."""
+
+    tokens: int = Field(default=16, ge=4, le=1024)
+    """Output tokens of each decode stream (its events are the timed steps)."""
+
+    repeats: int = Field(default=2, ge=1, le=20)
+    """Timed repetitions per point, after one warm-up (the median is kept)."""
+
+    memory_gib: float | None = Field(default=None, gt=0)
+    """Memory the device offers (empty: this machine's RAM)."""
+
+    price_per_hour: float = Field(default=0.10, gt=0)
+    """Rental price of this device in US$/h (the same 2-vCPU machine as ``profile_device``)."""
+
+    output_dir: str = "data/vllm_profile"
+    """Folder of ``steps.parquet`` (measured points, with the fit's predictions) and ``device.yaml``."""
+
+    @model_validator(mode="after")
+    def _contexts_fit(self) -> ProfileVllmParams:
+        longest = max(max(self.contexts) + self.tokens, max(self.prefill_lengths) + 1)
+        if longest > 131_072:
+            raise ValueError(f"profile_vllm: {longest} tokens per request is more than any replica accepts")
+        return self
+
+
 class SelectCandidatesParams(StrictModel):
     """Stage ``select_candidates``: HELIOS step 1, the Top-K candidates for an SLO on this hardware."""
 
@@ -622,6 +664,11 @@ class HeliosParams(StrictModel):
 
     head_kind: Literal["identity", "affine", "block"] = "block"
     """Exit-head kind the engine uses."""
+
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Weights, activations and KV cache of the served models (and their exit heads). ``bfloat16`` halves the
+    weight and KV bytes the memory budget counts (vLLM serves Qwen2.5 in it); float32 is what the PHT and the gate
+    were measured in."""
 
     threshold: float = Field(default=0.8, gt=0, le=1)
     """Confidence under which an exited token counts as a breach."""
@@ -957,6 +1004,9 @@ class Params(StrictModel):
 
     select_candidates: SelectCandidatesParams = Field(default_factory=SelectCandidatesParams)
     """Stage ``select_candidates``."""
+
+    profile_vllm: ProfileVllmParams
+    """Stage ``profile_vllm``."""
 
     label_quality: LabelQualityParams
     """Stage ``label_quality``."""

@@ -56,7 +56,7 @@ def read_heads(model: EarlyExitLM, exits_dir: Path, kind: str) -> tuple[list[int
         head = make_head(kind, model, exit_layer)
         prefix = f"{exit_layer}."
         head.load_state_dict({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
-        heads[exit_layer] = head.eval()
+        heads[exit_layer] = head.to(dtype=next(model.parameters()).dtype).eval()  # the model's own dtype
     return exits, heads
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -25,11 +26,10 @@ def catalog_model(params: Params, name: str) -> Any:
 
 def main(params: Params) -> dict[str, Any]:
     """Time every model of ``profile_device.models``; fit the device; write the points, the entry and metrics."""
-    import pandas as pd
     import psutil
 
     from exitplan.earlyexit.partial_model import EarlyExitLM
-    from exitplan.profiling.device import fit_device, measure, predict
+    from exitplan.profiling.device import measure
 
     section = params.profile_device
     started = time.perf_counter()
@@ -44,22 +44,34 @@ def main(params: Params) -> dict[str, Any]:
         del model
     memory = section.memory_gib or psutil.virtual_memory().total / 2**30
     models = {name: catalog_model(params, name) for name in section.models}
-    device, step, seq, errors = fit_device(rows, models, section.device_id, memory, section.price_per_hour)
-    for name in section.models:
-        mine = [r for r in rows if r["model"] == name]
-        for row, seconds in zip(mine, predict(mine, models[name], device, step, seq), strict=True):
-            row["predicted"] = float(seconds)
-    out = params.path(section.output_dir)
-    write_parquet(out / "steps.parquet", pd.DataFrame(rows))
-    entry = {"gpu": device.model_dump(), "step_overhead_s": step, "seq_overhead_s": seq}
-    write_atomic(out / DEVICE_FILE, lambda tmp: tmp.write_text(yaml.safe_dump(entry, sort_keys=False)))
-    metrics = {"device": device.id, "flops_per_s": device.bf16_tflops * 1e12,
-               "bytes_per_s": device.hbm_bandwidth_gbps * 1e9, "step_overhead_s": step, "seq_overhead_s": seq,
-               "points": len(rows), **errors, "seconds": time.perf_counter() - started}
+    metrics = fit_and_write(rows, models, section.device_id, memory, section.price_per_hour,
+                            params.path(section.output_dir))
+    metrics["seconds"] = time.perf_counter() - started
     report = write_json(params.path("reports") / STAGE / "metrics.json", metrics)
     log_stage_run(STAGE, params.tracking, params.root, section.model_dump(),
                   {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, [report])
     return metrics
+
+
+def fit_and_write(rows: list[dict[str, Any]], models: dict[str, Any], device_id: str, memory_gib: float,
+                  price_per_hour: float, out: Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Fit the device to the measured ``rows``, add each row's prediction, and write ``steps.parquet`` and
+    ``device.yaml`` (the entry, its overheads and ``extra``) into ``out``; returns the fit's metrics."""
+    import pandas as pd
+
+    from exitplan.profiling.device import fit_device, predict
+
+    device, step, seq, errors = fit_device(rows, models, device_id, memory_gib, price_per_hour)
+    for name, model in models.items():
+        mine = [r for r in rows if r["model"] == name]
+        for row, seconds in zip(mine, predict(mine, model, device, step, seq), strict=True):
+            row["predicted"] = float(seconds)
+    write_parquet(out / "steps.parquet", pd.DataFrame(rows))
+    entry = {"gpu": device.model_dump(), "step_overhead_s": step, "seq_overhead_s": seq, **(extra or {})}
+    write_atomic(out / DEVICE_FILE, lambda tmp: tmp.write_text(yaml.safe_dump(entry, sort_keys=False)))
+    return {"device": device.id, "flops_per_s": device.bf16_tflops * 1e12,
+            "bytes_per_s": device.hbm_bandwidth_gbps * 1e9, "step_overhead_s": step, "seq_overhead_s": seq,
+            "points": len(rows), **errors}
 
 
 def load_device(params: Params) -> tuple[Any, float, float]:

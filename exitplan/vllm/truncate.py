@@ -85,3 +85,8 @@ def _cut_config(config: dict, layers: int, dtype: str | None) -> dict:
     if dtype:
         cut["dtype"] = cut["torch_dtype"] = dtype
     return cut
+
+
+def read_layers(checkpoint: Path) -> int:
+    """Decoder layers of the checkpoint at ``checkpoint`` (its config's ``num_hidden_layers``)."""
+    return int(read_json(checkpoint / "config.json", f"config of {checkpoint}")["num_hidden_layers"])

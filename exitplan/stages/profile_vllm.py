@@ -1,0 +1,75 @@
+"""Stage ``profile_vllm``: vLLM's step times on this machine, and the simulator's device fitted to them.
+
+Each model of ``profile_vllm.models`` is served by a vLLM CPU replica started exactly as ``exitplan deploy`` starts
+one (:mod:`exitplan.vllm.replica`: the rendered flags, one pinned core, the ``vllm`` section's KV cache), timed
+through its API (:mod:`exitplan.vllm.profile`), and stopped. The points are fitted like ``profile_device``'s, giving
+the catalog entry ``device_id`` and vLLM's per-step and per-sequence overheads, with which the simulator predicts a
+vLLM replica on this machine; ``device.yaml`` also records the engine knobs the replicas ran with.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from exitplan.atomic import write_json
+from exitplan.config import Params
+from exitplan.tracking import log_stage_run
+
+STAGE = "profile_vllm"
+
+
+def _rows_of(params: Params, name: str) -> list[dict[str, Any]]:
+    """Serve ``name`` on one vLLM replica, time it, stop it."""
+    from exitplan.deploy import wait_healthy
+    from exitplan.vllm import replica as vllm_replica
+    from exitplan.vllm.flags import Replica
+    from exitplan.vllm.profile import measure
+    from exitplan.vllm.truncate import read_layers
+
+    section, settings = params.profile_vllm, params.vllm
+    checkpoint = params.checkpoint_path(name)
+    spec = Replica(name, "127.0.0.1", params.deploy.base_port, dtype=settings.dtype,
+                   max_model_len=settings.max_model_len)
+    log = params.path(".cache") / STAGE / f"{name.replace('/', '_')}.log"  # vLLM's own log, outside the outputs
+    started = vllm_replica.start(params, checkpoint, spec, vllm_replica.cores(1, settings.threads_per_replica)[0],
+                                 log)
+    try:
+        wait_healthy(started.url, settings.startup_timeout_s, started.process)
+        rows = measure(started.url, name, read_layers(checkpoint), section.batch_sizes, section.contexts,
+                       section.prefill_lengths, section.tokens, section.repeats)
+    finally:
+        started.process.terminate()
+        started.process.wait(timeout=120)
+    return [{"model": name, **row} for row in rows]
+
+
+def main(params: Params) -> dict[str, Any]:
+    """Time every model of ``profile_vllm.models`` on vLLM; fit the device; write the points, entry and metrics."""
+    import psutil
+
+    from exitplan.catalog import load_catalog
+    from exitplan.stages.profile_device import fit_and_write
+    from exitplan.vllm.flags import Platform, block_size
+
+    section = params.profile_vllm
+    began = time.perf_counter()
+    rows = [row for name in section.models for row in _rows_of(params, name)]
+    size = 4 if params.vllm.dtype == "float32" else 2
+    catalog = load_catalog(params.path(params.catalog))
+    models = {name: catalog.model(name).model_copy(update={"dtype_bytes": size}) for name in section.models}
+    memory = section.memory_gib or psutil.virtual_memory().total / 2**30
+    engine = {"max_num_seqs": params.vllm.max_num_seqs, "block_size": block_size(Platform.CPU, 1),
+              "max_model_len": params.vllm.max_model_len, "dtype": params.vllm.dtype,
+              "kv_cache_gib": params.vllm.kv_cache_gib}
+    metrics = fit_and_write(rows, models, section.device_id, memory, section.price_per_hour,
+                            params.path(section.output_dir), {"engine": engine})
+    decode = [r for r in rows if r["kind"] == "decode"]
+    shortest = min(r["context"] for r in decode)
+    metrics.update({f"decode_tok_s_b{r['batch']}_{r['model'].split('/')[-1]}": r["batch"] / r["seconds"]
+                    for r in decode if r["context"] == shortest})
+    metrics["seconds"] = time.perf_counter() - began
+    report = write_json(params.path("reports") / STAGE / "metrics.json", metrics)
+    log_stage_run(STAGE, params.tracking, params.root, section.model_dump(),
+                  {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, [report])
+    return metrics

@@ -1,0 +1,89 @@
+"""vLLM's step times on this machine, measured through its OpenAI API, as the points ``fit_device`` fits.
+
+:func:`exitplan.profiling.device.measure` times our runner's passes directly; vLLM runs in another process, so
+its passes are timed from outside, where its own streaming shows them:
+
+- **decode** at batch ``b`` and context ``c``: ``b`` streamed requests at once, each a prompt of ``c`` distinct
+  token ids (no prefix-cache hits) and ``tokens`` tokens with ``ignore_eos``. Each event of a stream is one decode
+  step of the whole batch, so the median gap between consecutive events, over all streams and once every prompt
+  is in, is the step time at batch ``b`` (a prefill that interrupts the decodes is one gap in many, and the
+  median does not see it). The context recorded is ``c`` plus half the tokens (the mean over the steps).
+- **prefill** of ``n`` tokens: a single request of ``n`` prompt tokens and one output token, timed whole, minus
+  nothing (the HTTP round trip, a millisecond here, goes into the fitted per-step overhead).
+
+The rows have :func:`~exitplan.profiling.device.measure`'s columns, so the simulator's roofline model is fitted to
+vLLM exactly as to our engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import numpy as np
+
+VOCAB_LOW, VOCAB_HIGH = 1000, 20000
+"""Token ids the synthetic prompts draw from (ordinary tokens of every vocabulary here)."""
+
+
+def _prompt(rng: np.random.Generator, length: int) -> list[int]:
+    return rng.integers(VOCAB_LOW, VOCAB_HIGH, size=length).tolist()
+
+
+async def _stream_gaps(client: httpx.AsyncClient, url: str, model: str, prompt: list[int],
+                       tokens: int) -> list[float]:
+    """Arrival times of the events of one streamed completion."""
+    body = {"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    times = []
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as reply:
+        reply.raise_for_status()
+        async for line in reply.aiter_lines():
+            if line.startswith("data: {"):
+                times.append(time.perf_counter())
+    return times
+
+
+async def decode_step(url: str, model: str, batch: int, context: int, tokens: int,
+                      rng: np.random.Generator) -> float:
+    """Median seconds of one decode step at ``batch`` sequences of ``context`` tokens."""
+    async with httpx.AsyncClient(timeout=600) as client:
+        streams = await asyncio.gather(*(_stream_gaps(client, url, model, _prompt(rng, context), tokens)
+                                         for _ in range(batch)))
+    all_in = max(s[0] for s in streams)  # every prompt has had its prefill
+    gaps = [b - a for s in streams for a, b in zip(s, s[1:], strict=False) if a >= all_in]
+    return statistics.median(gaps)
+
+
+def prefill(url: str, model: str, length: int, rng: np.random.Generator) -> float:
+    """Seconds of one request of ``length`` prompt tokens and one output token."""
+    body = {"model": model, "prompt": _prompt(rng, length), "max_tokens": 1, "temperature": 0}
+    started = time.perf_counter()
+    httpx.post(f"{url}/v1/completions", json=body, timeout=600).raise_for_status()
+    return time.perf_counter() - started
+
+
+def measure(url: str, model: str, layers: int, batch_sizes: Sequence[int], contexts: Sequence[int],
+            prefill_lengths: Sequence[int], tokens: int = 16, repeats: int = 3, seed: int = 0) -> list[dict[str, Any]]:
+    """Decode-step and prefill times of the vLLM server at ``url`` serving ``model`` (``layers`` deep).
+
+    Returns:
+        One row per point: ``kind``, ``layers``, ``batch``, ``context``, ``new_tokens``, ``seconds`` (the median
+        of ``repeats``, after one warm-up of each shape).
+    """
+    rng = np.random.default_rng(seed)
+    rows = []
+    for batch in batch_sizes:
+        for context in contexts:
+            times = [asyncio.run(decode_step(url, model, batch, context, tokens, rng)) for _ in range(repeats + 1)]
+            rows.append({"kind": "decode", "layers": layers, "batch": batch, "context": context + tokens // 2,
+                         "new_tokens": batch, "seconds": statistics.median(times[1:])})
+    for length in prefill_lengths:
+        times = [prefill(url, model, length, rng) for _ in range(repeats + 1)]
+        rows.append({"kind": "prefill", "layers": layers, "batch": 1, "context": 0, "new_tokens": length,
+                     "seconds": statistics.median(times[1:])})
+    return rows
