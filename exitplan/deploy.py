@@ -291,7 +291,7 @@ def plan_replica_counts(plan: dict[str, Any], models: list[str]) -> dict[str, in
     return counts
 
 
-def _round_robin(counts: dict[str, int]) -> list[str]:
+def replica_order(counts: dict[str, int]) -> list[str]:
     """Models in turn, each as often as its count: a machine that holds fewer replicas keeps every model first."""
     order, left = [], dict(counts)
     while any(left.values()):
@@ -314,7 +314,7 @@ def _start_vllm_replicas(params: Params, plan: dict[str, Any], local: list[str],
     from exitplan.vllm.flags import Replica
 
     section, settings = params.deploy, params.vllm
-    wanted = _round_robin(plan_replica_counts(plan, local))
+    wanted = replica_order(plan_replica_counts(plan, local))
     gib = [vllm_replica.replica_gib(params, params.checkpoint_path(m)) for m in wanted]
     held = vllm_replica.capacity(params, gib)
     if held == 0:
