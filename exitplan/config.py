@@ -257,10 +257,23 @@ class BuildPerfDbParams(StrictModel):
     seed: int = Field(default=0, ge=0)
     """Seed of the sampled lengths and arrivals."""
 
+    vllm_device: bool = True
+    """Also sweep the vLLM replicas of this machine: ``profile_vllm``'s fitted device (``profile_vllm.device_id``)
+    for the models of ``profile_vllm.models`` that are in ``models``, with the engine knobs they ran with, on
+    ``vllm_qps`` (so a scenario can plan for the vLLM fleet that runs here)."""
+
+    vllm_qps: list[float] = Field(default_factory=lambda: [0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 0.8, 1.0],
+                                  min_length=1)
+    """Load grid of the local vLLM device in requests per second (a CPU serves well under 1 req/s)."""
+
+    vllm_max_output_len: int = Field(default=64, ge=1, le=4096)
+    """Answers of the local vLLM sweep are cut to this many tokens (the local plan's answers; fleet_vs_plan
+    replays the same cut)."""
+
     output_dir: str = "data/perf_db"
     """Folder of ``perf_db.parquet`` (a DVC output)."""
 
-    @field_validator("qps", "layer_fractions")
+    @field_validator("qps", "layer_fractions", "vllm_qps")
     @classmethod
     def _positive(cls, values: list[float]) -> list[float]:
         if any(v <= 0 for v in values):
@@ -1115,6 +1128,7 @@ def catalog_problems(params: Params, catalog: Catalog) -> list[str]:
         if not isinstance(catalog.find_model(name), Model):
             problems.append(f"build_perf_db.models.{i}: '{name}' is not a decoder model of the catalog")
     known = sorted(g.id for g in catalog.gpus)
+    local = [params.profile_vllm.device_id] if params.build_perf_db.vllm_device else []
     for i, gpu in enumerate(params.build_perf_db.gpus):
         if not catalog.has_gpu(gpu):
             problems.append(f"build_perf_db.gpus.{i}: unknown GPU '{gpu}'; known: {known}")
@@ -1126,8 +1140,8 @@ def catalog_problems(params: Params, catalog: Catalog) -> list[str]:
             if not isinstance(catalog.find_model(name), Model):
                 problems.append(f"plan.scenarios.{i}.models: '{name}' is not a decoder model of the catalog")
         for gpu in scenario.gpus:
-            if not catalog.has_gpu(gpu):
-                problems.append(f"plan.scenarios.{i}.gpus: unknown GPU '{gpu}'; known: {known}")
+            if not catalog.has_gpu(gpu) and gpu not in local:
+                problems.append(f"plan.scenarios.{i}.gpus: unknown GPU '{gpu}'; known: {known + local}")
     for i, name in enumerate(params.label_quality.models):
         if name not in params.fetch_models.models:
             problems.append(f"label_quality.models.{i}: '{name}' is not in fetch_models.models")

@@ -17,8 +17,8 @@ from exitplan.pipeline import ReproResult
 from tasks.pipeline import check_config, push_outputs, repro_stage, summarize
 from tasks.reprofile import promote_plan
 
-STAGES = ("fetch_models", "prepare_workload", "import_labels", "build_perf_db", "train_exits", "exit_profile", "profile_device",
-          "profile_vllm", "select_candidates", "label_quality", "plan", "online_profile", "gate")
+STAGES = ("fetch_models", "prepare_workload", "import_labels", "profile_vllm", "build_perf_db", "train_exits",
+          "exit_profile", "profile_device", "select_candidates", "label_quality", "plan", "online_profile", "gate")
 """The file-to-file stages of dvc.yaml, in order."""
 
 

@@ -11,6 +11,7 @@ from exitplan.atomic import write_atomic, write_json, write_parquet
 from exitplan.catalog import load_catalog
 from exitplan.config import Params
 from exitplan.errors import WorkloadError
+from exitplan.profiling.device import DEVICE_FILE
 from exitplan.simulator.perf_db import build_perf_db
 from exitplan.tracking import log_stage_run
 
@@ -69,8 +70,25 @@ def plot_curves(db: Any, out_dir: Path) -> list[Path]:
     return paths
 
 
+def _vllm_rows(params: Params, lengths: tuple[Any, Any]) -> Any:
+    """The perf DB of the vLLM replicas of this machine: ``profile_vllm``'s device and engine knobs, the profiled
+    models that the perf DB covers, on ``vllm_qps``, with answers cut to ``vllm_max_output_len``."""
+    import numpy as np
+
+    from exitplan.vllm.simulate import planning_catalog, read_vllm_device, vllm_engine
+
+    section = params.build_perf_db
+    device = read_vllm_device(params.path(params.profile_vllm.output_dir) / DEVICE_FILE)
+    models = [m for m in params.profile_vllm.models if m in section.models]
+    cut = (lengths[0], np.minimum(lengths[1], section.vllm_max_output_len))
+    return build_perf_db(planning_catalog(params), models, [device.gpu.id], vllm_engine(device), section.vllm_qps, cut,
+                         section.requests_per_point, section.seed, 1, [1.0], params.dask)
+
+
 def main(params: Params) -> dict[str, Any]:
     """Build ``<output_dir>/perf_db.parquet``, ``reports/build_perf_db/`` (metrics, curves CSV, PNG plots)."""
+    import pandas as pd
+
     section = params.build_perf_db
     catalog = load_catalog(params.path(params.catalog))
     lengths, own = _lengths(params), _model_lengths(params)
@@ -78,6 +96,8 @@ def main(params: Params) -> dict[str, Any]:
     db = build_perf_db(catalog, section.models, section.gpus, params.simulator.engine, section.qps, lengths,
                        section.requests_per_point, section.seed, section.max_gpus_per_replica,
                        section.layer_fractions, params.dask, model_lengths=own)
+    if section.vllm_device:
+        db = pd.concat([db, _vllm_rows(params, lengths)], ignore_index=True)
     seconds = time.perf_counter() - started
     reports = params.path("reports") / STAGE
     write_parquet(params.path(section.output_dir) / DB_FILE, db)

@@ -137,17 +137,17 @@ def run_scenario(params: Params, scenario: PlanScenario) -> dict[str, Any]:
     """Optimise one scenario; write its front, plot and plan; returns its summary."""
     import pandas as pd
 
-    from exitplan.catalog import load_catalog
     from exitplan.planner.baselines import baselines
     from exitplan.planner.build import problem_from
     from exitplan.planner.mobo import optimise
     from exitplan.planner.problem import best_under, pareto
     from exitplan.planner.search import exhaustive
+    from exitplan.vllm.simulate import planning_catalog
 
     section = params.plan
     started = time.perf_counter()
     routing = router(params, scenario)
-    catalog = load_catalog(params.path(params.catalog))
+    catalog = planning_catalog(params)  # the catalog's GPUs and this machine's vLLM device
     prices = {g: catalog.gpu(g).price_per_hour for g in scenario.gpus}
     problem = problem_from(params_db(params), prices, scenario.gpus, scenario.models, routing["quality"],
                            scenario.load_qps, scenario.budget_per_hour, section.metric, section.budget_points,

@@ -10,10 +10,10 @@ import yaml
 
 from exitplan.atomic import write_atomic, write_json, write_parquet
 from exitplan.config import Params
+from exitplan.profiling.device import DEVICE_FILE
 from exitplan.tracking import log_stage_run
 
 STAGE = "profile_device"
-DEVICE_FILE = "device.yaml"
 
 
 def catalog_model(params: Params, name: str) -> Any:

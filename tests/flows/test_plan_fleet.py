@@ -30,7 +30,8 @@ def _small_params(repo: Path) -> dict:
     workload["traces"] = [{"name": "small", "arrival": "gamma", "burstiness": 0.5, "qps": 5.0,
                            "num_requests": 60, "mix": {"gsm8k": 0.5, "humaneval": 0.5}}]
     tree["build_perf_db"].update(models=[SMOLLM2, "meta-llama/Llama-2-7b-hf"], gpus=["rtx-4090"], qps=[1.0, 4.0],
-                                 requests_per_point=50, lengths_trace="small", max_gpus_per_replica=2)
+                                 requests_per_point=50, lengths_trace="small", max_gpus_per_replica=2,
+                                 vllm_qps=[0.5, 1.0], vllm_max_output_len=16)
     tree["dask"]["workers"] = 1
     tree["train_exits"].update(models=[SMOLLM2], exit_every=10, exits_from_end=[2],
                                head_kinds=["affine", "block"],
@@ -108,24 +109,32 @@ def flow_results(repo: Path, prefect_harness: None):
 
 
 def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) -> None:
-    assert [r.target for r in flow_results] == ["fetch_models", "prepare_workload", "import_labels", "build_perf_db",
-                                                  "train_exits",
-                                                  "exit_profile", "profile_device", "profile_vllm", "select_candidates",
-                                                  "label_quality", "plan", "online_profile", "gate"]
+    assert [r.target for r in flow_results] == ["fetch_models", "prepare_workload", "import_labels", "profile_vllm",
+                                                  "build_perf_db", "train_exits", "exit_profile", "profile_device",
+                                                  "select_candidates", "label_quality", "plan", "online_profile",
+                                                  "gate"]
     assert set(flow_results[0].ran) == {f"fetch_models@{SMOLLM2}", f"fetch_models@{MINILM}"}
     assert flow_results[1].ran == ["prepare_workload"]
     assert flow_results[2].ran == ["import_labels"]  # the annotation folder is absent here: empty tables
     imported = json.loads((repo / "reports" / "import_labels" / "metrics.json").read_text())
     assert "no AlpacaEval annotations at" in imported["skipped"]
     assert pd.read_parquet(repo / "data" / "imported_labels" / "labels.parquet").empty
-    assert flow_results[3].ran == ["build_perf_db"]
+    assert flow_results[3].ran == ["profile_vllm"]  # a real vLLM replica of SmolLM2, timed through its API
+    vllm_steps = pd.read_parquet(repo / "data" / "vllm_profile" / "steps.parquet")
+    assert len(vllm_steps) == 2 * 1 + 2 and (vllm_steps["seconds"] > 0).all()
+    vllm_device = yaml.safe_load((repo / "data" / "vllm_profile" / "device.yaml").read_text())
+    assert vllm_device["gpu"]["id"] == "vllm-cpu" and vllm_device["engine"]["block_size"] == 32
+    assert flow_results[4].ran == ["build_perf_db"]
     db = pd.read_parquet(repo / "data" / "perf_db" / "perf_db.parquet")
-    assert set(db["model"]) == {SMOLLM2, "meta-llama/Llama-2-7b-hf"} and set(db["qps"]) == {1.0, 4.0}
+    assert set(db["model"]) == {SMOLLM2, "meta-llama/Llama-2-7b-hf"}
+    local = db[db["gpu"] == "vllm-cpu"]  # this machine's vLLM replicas of the profiled model, on their own grid
+    assert set(local["model"]) == {SMOLLM2} and set(local["qps"]) == {0.5, 1.0}
+    assert set(db[db["gpu"] != "vllm-cpu"]["qps"]) == {1.0, 4.0}
     assert (repo / "reports" / "build_perf_db" / "plots").is_dir()
-    assert flow_results[4].ran == [f"train_exits@{SMOLLM2}"]
+    assert flow_results[5].ran == [f"train_exits@{SMOLLM2}"]
     exits = repo / "model_repository" / "exits" / SMOLLM2
     assert {p.name for p in exits.iterdir()} == {"exits.json", "affine.safetensors", "block.safetensors"}
-    assert flow_results[5].ran == ["exit_profile"]
+    assert flow_results[6].ran == ["exit_profile"]
     profile = pd.read_parquet(repo / "data" / "exit_profile" / "profile.parquet")
     # 2 kinds x 2 thresholds x (2 data sets x 2 chunks x 32 tokens); exits at 10, 20 and 28 (= 30 - 2)
     assert len(profile) == 2 * 2 * 2 * 2 * 32 and set(profile["first_exit"]) <= {10, 20, 28, 30}
@@ -134,16 +143,11 @@ def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) 
     assert set(curves["exit_layer"]) == {10, 20, 28} and set(curves["dataset"]) == {"all", "gsm8k", "humaneval"}
     observations = pd.read_csv(repo / "reports" / "exit_profile" / "observations.csv")
     assert len(observations) == 2 * 3 * 2  # kinds x data sets (and all) x thresholds
-    assert flow_results[6].ran == ["profile_device"] and flow_results[8].ran == ["select_candidates"]
+    assert flow_results[7].ran == ["profile_device"] and flow_results[8].ran == ["select_candidates"]
     steps = pd.read_parquet(repo / "data" / "device_profile" / "steps.parquet")
     assert len(steps) == 2 * (2 * 1 + 2)  # (full and half depth) x (2 decode batches x 1 context + 2 prefills)
     device = yaml.safe_load((repo / "data" / "device_profile" / "device.yaml").read_text())
     assert device["gpu"]["id"] == "local-cpu" and device["gpu"]["bf16_tflops"] > 0
-    assert flow_results[7].ran == ["profile_vllm"]  # a real vLLM replica of SmolLM2, timed through its API
-    vllm_steps = pd.read_parquet(repo / "data" / "vllm_profile" / "steps.parquet")
-    assert len(vllm_steps) == 2 * 1 + 2 and (vllm_steps["seconds"] > 0).all()
-    vllm_device = yaml.safe_load((repo / "data" / "vllm_profile" / "device.yaml").read_text())
-    assert vllm_device["gpu"]["id"] == "vllm-cpu" and vllm_device["engine"]["block_size"] == 32
     chosen = json.loads((repo / "data" / "helios" / "candidates.json").read_text())
     assert chosen["candidates"] == [SMOLLM2] and chosen["ranked"][0]["batch"] >= 1
     labels = pd.read_parquet(repo / "data" / "labels" / "labels.parquet")
