@@ -66,7 +66,10 @@ class Started:
 
 
 def start(params: Params, checkpoint: Path, replica: Replica, core_set: list[int], log: Path) -> Started:
-    """Start one CPU replica (logging to ``log``); the caller waits for its ``/health``."""
+    """Start one CPU replica (logging to ``log``); the caller waits for its ``/health``.
+
+    Every process of the replica (API server, engine core, model worker) is bound to ``core_set``: the engine
+    core polls busily, and unbound it takes a second core from the next replica."""
     venv_python = ensure(params)
     log.parent.mkdir(parents=True, exist_ok=True)
     env = process_env(params.vllm, venv_python.parent.parent, core_set)
@@ -74,6 +77,7 @@ def start(params: Params, checkpoint: Path, replica: Replica, core_set: list[int
     if key:
         env["VLLM_API_KEY"] = key  # the coordinator sends its key on; never on a command line
     with log.open("ab") as out:
-        process = subprocess.Popen(command(params, checkpoint, replica), cwd=params.root, env=env,
+        argv = ["taskset", "-c", ",".join(map(str, core_set)), *command(params, checkpoint, replica)]
+        process = subprocess.Popen(argv, cwd=params.root, env=env,
                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     return Started(process, f"http://{replica.host}:{replica.port}", log)
