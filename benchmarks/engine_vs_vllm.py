@@ -83,10 +83,10 @@ def run_vllm(params, model: str, texts: list[str], tokens: int, counts: dict[int
     spec = Replica(model, "127.0.0.1", free_port(), dtype="bfloat16", max_model_len=params.vllm.max_model_len)
     started = vllm_replica.start(params, params.checkpoint_path(model), spec, [0], out / "vllm.log")
     try:
-        wait_healthy(started.url, params.vllm.startup_timeout_s, started.process)
+        vllm_replica.wait_ready(started, params.vllm.startup_timeout_s)
         return measure(started.url, model, texts, tokens, counts)
     finally:
-        stop(started.process)
+        vllm_replica.stop(started.process)
 
 
 def engine_params(params, out: Path) -> Path:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -174,9 +175,12 @@ class LocalFleet:
     coordinator_url: str
     processes: list[subprocess.Popen] = field(default_factory=list)
     replica_urls: dict[str, list[str]] = field(default_factory=dict)
+    groups: list[int] = field(default_factory=list)
+    """Process groups (vLLM replicas lead their own) killed at the end of :meth:`stop`."""
 
     def stop(self) -> None:
-        """Stop every process (SIGTERM: they drain in-flight requests), then wait."""
+        """Stop every process (SIGTERM: they drain in-flight requests), then wait; what leads its own session (a
+        vLLM replica and its engine processes) is killed as a group if it outlives the wait."""
         for proc in reversed(self.processes):
             if proc.poll() is None:
                 proc.terminate()
@@ -185,6 +189,12 @@ class LocalFleet:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+            proc.wait()
+        for group in self.groups:  # a replica's engine processes outlive it when its shutdown hangs
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
@@ -329,23 +339,14 @@ def _start_vllm_replicas(params: Params, plan: dict[str, Any], local: list[str],
         started.append(vllm_replica.start(params, params.checkpoint_path(model), spec, cores[i],
                                           out / f"vllm-{port}.log"))
         fleet.processes.append(started[-1].process)
+        fleet.groups.append(started[-1].process.pid)
         replicas.append(ReplicaLaunch(model, "local", section.host, cores[i], port, 1.0 / chosen.count(model), 0,
                                       started[-1].process.args))
     for replica in started:
-        try:
-            wait_healthy(replica.url, settings.startup_timeout_s, replica.process)
-        except ExitplanError as exc:
-            raise ExitplanError(f"{exc}\n{_tail(replica.log)}") from exc
+        vllm_replica.wait_ready(replica, settings.startup_timeout_s)
     for replica, launch in zip(started, replicas, strict=True):
         fleet.replica_urls.setdefault(launch.model, []).append(replica.url)
     return replicas
-
-
-def _tail(log: Path, lines: int = 12) -> str:
-    try:
-        return f"last lines of {log}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return f"(no log at {log})"
 
 
 def smoke(url: str, model: str, api_key: str | None = None) -> dict[str, Any]:

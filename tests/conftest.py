@@ -82,7 +82,6 @@ def vllm_replicas(smollm2_checkpoint: Path, tmp_path_factory: pytest.TempPathFac
     SmolLM2 (``SMALL_VLLM``) and two of the whole model (``LARGE_VLLM``), 1 GiB of KV cache each. Yields
     ``{"small": url, "large": [url, url], "processes": {url: Popen}, "partial": checkpoint, "params": params}``."""
     from exitplan.config import load_params
-    from exitplan.deploy import wait_healthy
     from exitplan.vllm import replica as vllm_replica
     from exitplan.vllm.flags import Replica
     from exitplan.vllm.truncate import truncate
@@ -99,14 +98,9 @@ def vllm_replicas(smollm2_checkpoint: Path, tmp_path_factory: pytest.TempPathFac
             spec = Replica(name, "127.0.0.1", free_port(), max_model_len=params.vllm.max_model_len)
             started.append(vllm_replica.start(params, checkpoint, spec, cores, tmp / f"{spec.port}.log"))
         for replica in started:
-            wait_healthy(replica.url, params.vllm.startup_timeout_s, replica.process)
+            vllm_replica.wait_ready(replica, params.vllm.startup_timeout_s)
         yield {"small": started[0].url, "large": [started[1].url, started[2].url],
                "processes": {r.url: r.process for r in started}, "partial": partial, "params": params}
     finally:
         for replica in started:
-            replica.process.terminate()
-        for replica in started:
-            try:
-                replica.process.wait(timeout=60)
-            except Exception:  # noqa: BLE001 - a replica that does not stop is killed
-                replica.process.kill()
+            vllm_replica.stop(replica.process)

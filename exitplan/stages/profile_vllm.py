@@ -21,7 +21,6 @@ STAGE = "profile_vllm"
 
 def _rows_of(params: Params, name: str) -> list[dict[str, Any]]:
     """Serve ``name`` on one vLLM replica, time it, stop it."""
-    from exitplan.deploy import wait_healthy
     from exitplan.vllm import replica as vllm_replica
     from exitplan.vllm.flags import Replica
     from exitplan.vllm.profile import measure
@@ -35,12 +34,11 @@ def _rows_of(params: Params, name: str) -> list[dict[str, Any]]:
     started = vllm_replica.start(params, checkpoint, spec, vllm_replica.cores(1, settings.threads_per_replica)[0],
                                  log)
     try:
-        wait_healthy(started.url, settings.startup_timeout_s, started.process)
+        vllm_replica.wait_ready(started, settings.startup_timeout_s)
         rows = measure(started.url, name, read_layers(checkpoint), section.batch_sizes, section.contexts,
                        section.prefill_lengths, section.tokens, section.repeats)
     finally:
-        started.process.terminate()
-        started.process.wait(timeout=120)
+        vllm_replica.stop(started.process)
     return [{"model": name, **row} for row in rows]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +79,45 @@ def start(params: Params, checkpoint: Path, replica: Replica, core_set: list[int
         env["VLLM_API_KEY"] = key  # the coordinator sends its key on; never on a command line
     with log.open("ab") as out:
         argv = ["taskset", "-c", ",".join(map(str, core_set)), *command(params, checkpoint, replica)]
-        process = subprocess.Popen(argv, cwd=params.root, env=env,
-                                   stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(argv, cwd=params.root, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
     return Started(process, f"http://{replica.host}:{replica.port}", log)
+
+
+def wait_ready(replica: Started, timeout_s: float) -> None:
+    """Wait for the replica's ``/health``.
+
+    Raises:
+        ExitplanError: when it exits or the time runs out, with the end of its log.
+    """
+    from exitplan.deploy import wait_healthy
+    from exitplan.errors import ExitplanError
+
+    try:
+        wait_healthy(replica.url, timeout_s, replica.process)
+    except ExitplanError as exc:
+        raise ExitplanError(f"{exc}\n{log_tail(replica.log)}") from exc
+
+
+def log_tail(log: Path, lines: int = 12) -> str:
+    """The last lines of a replica's log (where to look, and what it said)."""
+    try:
+        return f"last lines of {log}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no log at {log})"
+
+
+def stop(process: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """Stop a replica and every process it started (it leads its own session): SIGTERM, then after ``grace_s``
+    SIGKILL to whatever of its group is left (a replica whose engine died can hang in its shutdown)."""
+    if process.poll() is None:
+        process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    process.wait()

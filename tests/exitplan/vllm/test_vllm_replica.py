@@ -51,3 +51,22 @@ def test_replicas_follow_the_plan_and_every_model_comes_first() -> None:
     counts = plan_replica_counts(plan, ["a", "b"])
     assert counts == {"a": 3, "b": 1}
     assert replica_order(counts) == ["a", "b", "a", "a"]  # a machine holding two keeps both models
+
+
+def test_stop_kills_a_replica_whose_shutdown_hangs_and_what_it_started(tmp_path) -> None:
+    import subprocess
+    import time
+
+    import psutil
+
+    hung = "trap '' TERM; sleep 300 & echo $! > child; wait"  # ignores SIGTERM, as does its child
+    proc = subprocess.Popen(["bash", "-c", hung], cwd=tmp_path, start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "child").is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int((tmp_path / "child").read_text())
+    began = time.monotonic()
+    vllm_replica.stop(proc, grace_s=1.0)
+    assert proc.returncode is not None and time.monotonic() - began < 10
+    time.sleep(0.2)
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
