@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -31,7 +32,6 @@ from common import free_port, start
 
 from exitplan.deploy import wait_healthy
 from exitplan.vllm import replica as vllm_replica
-from exitplan.vllm.flags import Replica
 
 LEVELS = (1, 8, 16)
 QWEN = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
@@ -80,7 +80,7 @@ def stop(process: subprocess.Popen) -> None:
 
 
 def run_vllm(params, model: str, texts: list[str], tokens: int, counts: dict[int, int], out: Path) -> dict:
-    spec = Replica(model, "127.0.0.1", free_port(), dtype="bfloat16", max_model_len=params.vllm.max_model_len)
+    spec = replace(vllm_replica.cpu_replica(params, model, "127.0.0.1", free_port()), dtype="bfloat16")
     started = vllm_replica.start(params, params.checkpoint_path(model), spec, [0], out / "vllm.log")
     try:
         vllm_replica.wait_ready(started, params.vllm.startup_timeout_s)

@@ -200,3 +200,8 @@ def fetch_checkpoint(entry: Model | Embedder, out_dir: Path, dtype: str = "float
     metrics["checkpoint_bytes"] = float(sum(f.stat().st_size for f in out_dir.rglob("*") if f.is_file()))
     log.info("fetched %s into %s in %.1f s", entry.name, out_dir, metrics["fetch_s"])
     return metrics
+
+
+def checkpoint_bytes(path: Path) -> int:
+    """Bytes of the safetensors files of the checkpoint at ``path`` (0 when it has none)."""
+    return sum(p.stat().st_size for p in Path(path).glob("*.safetensors"))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -190,11 +189,11 @@ class LocalFleet:
             except subprocess.TimeoutExpired:
                 proc.kill()
             proc.wait()
-        for group in self.groups:  # a replica's engine processes outlive it when its shutdown hangs
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        if self.groups:
+            from exitplan.vllm.replica import kill_group
+
+            for group in self.groups:  # a replica's engine processes outlive it when its shutdown hangs
+                kill_group(group)
 
 
 def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
@@ -226,10 +225,6 @@ def local_fleet(plan: dict[str, Any], local: list[str]) -> dict[str, Any]:
         return {"models": local, "fractions": [1.0 / len(local)] * len(local), "plan_models": list(shares)}
     return {"models": local, "fractions": [shares[m] / total for m in local],
             "plan_models": [m["model"] for m in plan["models"]]}
-
-
-def _checkpoint_bytes(checkpoint: Path) -> int:
-    return sum(p.stat().st_size for p in checkpoint.glob("*.safetensors"))
 
 
 def start_local(params: Params, plan: dict[str, Any], router: Path | None, out: Path) -> LocalFleet:
@@ -272,10 +267,12 @@ def _project_env(params: Params) -> dict[str, str]:
 
 def _start_engine_servers(params: Params, local: list[str], fleet: LocalFleet) -> list[ReplicaLaunch]:
     """Our engine servers: ``deploy.local_replicas_per_model`` per local model, one after another."""
+    from exitplan.checkpoints import checkpoint_bytes
+
     section = params.deploy
     port, replicas = section.base_port, []
     for model in local:
-        gib = _checkpoint_bytes(params.checkpoint_path(model)) / 2**30 * 1.1 + section.local_kv_gib
+        gib = checkpoint_bytes(params.checkpoint_path(model)) / 2**30 * 1.1 + section.local_kv_gib
         for _ in range(section.local_replicas_per_model):
             url = f"http://{section.host}:{port}"
             cmd = [sys.executable, "-m", "serving.server", "--model", model, "--host", section.host, "--port",
@@ -321,7 +318,6 @@ def _start_vllm_replicas(params: Params, plan: dict[str, Any], local: list[str],
         ExitplanError: when not one replica fits, or a replica does not come up (with the end of its log).
     """
     from exitplan.vllm import replica as vllm_replica
-    from exitplan.vllm.flags import Replica
 
     section, settings = params.deploy, params.vllm
     wanted = replica_order(plan_replica_counts(plan, local))
@@ -335,7 +331,7 @@ def _start_vllm_replicas(params: Params, plan: dict[str, Any], local: list[str],
     started, replicas = [], []
     for i, model in enumerate(chosen):
         port = section.base_port + i
-        spec = Replica(model, section.host, port, dtype=settings.dtype, max_model_len=settings.max_model_len)
+        spec = vllm_replica.cpu_replica(params, model, section.host, port)
         started.append(vllm_replica.start(params, params.checkpoint_path(model), spec, cores[i],
                                           out / f"vllm-{port}.log"))
         fleet.processes.append(started[-1].process)

@@ -83,7 +83,6 @@ def vllm_replicas(smollm2_checkpoint: Path, tmp_path_factory: pytest.TempPathFac
     ``{"small": url, "large": [url, url], "processes": {url: Popen}, "partial": checkpoint, "params": params}``."""
     from exitplan.config import load_params
     from exitplan.vllm import replica as vllm_replica
-    from exitplan.vllm.flags import Replica
     from exitplan.vllm.truncate import truncate
     from tests.serving.conftest import free_port
 
@@ -95,7 +94,7 @@ def vllm_replicas(smollm2_checkpoint: Path, tmp_path_factory: pytest.TempPathFac
     started = []
     try:
         for checkpoint, name, cores in plan:
-            spec = Replica(name, "127.0.0.1", free_port(), max_model_len=params.vllm.max_model_len)
+            spec = vllm_replica.cpu_replica(params, name, "127.0.0.1", free_port())
             started.append(vllm_replica.start(params, checkpoint, spec, cores, tmp / f"{spec.port}.log"))
         for replica in started:
             vllm_replica.wait_ready(replica, params.vllm.startup_timeout_s)

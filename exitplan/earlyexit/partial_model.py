@@ -21,19 +21,24 @@ from exitplan.errors import ExitplanError
 LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")
 
 
-def _weight_files(path: Path) -> list[Path]:
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of the checkpoint at ``path``.
+
+    Raises:
+        ExitplanError: when it has none.
+    """
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ExitplanError(f"no safetensors weights in {path}")
     return files
 
 
-def _read_tensors(path: Path, keep: Any) -> dict[str, torch.Tensor]:
+def read_tensors(path: Path, keep: Any) -> dict[str, torch.Tensor]:
     """Tensors of the checkpoint at ``path`` whose name passes ``keep`` (others are never read)."""
     from safetensors import safe_open
 
     tensors = {}
-    for file in _weight_files(path):
+    for file in weight_files(path):
         with safe_open(str(file), framework="pt") as handle:
             for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 if keep(name):
@@ -41,7 +46,8 @@ def _read_tensors(path: Path, keep: Any) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _layer_index(name: str) -> int | None:
+def layer_index(name: str) -> int | None:
+    """The decoder layer a tensor name belongs to (``model.layers.12.mlp...`` -> 12), None for the rest."""
     match = LAYER_KEY.match(name)
     return int(match.group(1)) if match else None
 
@@ -93,7 +99,7 @@ class EarlyExitLM(nn.Module):
         partial = _truncated_config(config, layers)
         with no_init_weights():
             model = AutoModelForCausalLM.from_config(partial, dtype=dtype)
-        state = _read_tensors(path, lambda n: (i := _layer_index(n)) is None or i < layers)
+        state = read_tensors(path, lambda n: (i := layer_index(n)) is None or i < layers)
         missing, unexpected = model.load_state_dict(state, strict=False)
         tied = getattr(config, "tie_word_embeddings", False)
         if unexpected or [k for k in missing if not (tied and k == "lm_head.weight")]:
@@ -138,7 +144,7 @@ class EarlyExitLM(nn.Module):
             raise ExitplanError("this model was not loaded from a checkpoint; cannot load its remaining layers")
         layer_cls = type(self.model.model.layers[0])
         reference = next(self.model.parameters())
-        state = _read_tensors(self.checkpoint, lambda n: (i := _layer_index(n)) is not None and start <= i < upto)
+        state = read_tensors(self.checkpoint, lambda n: (i := layer_index(n)) is not None and start <= i < upto)
         # The running model's config carries the attention implementation chosen at load; widen it to all layers.
         whole = _truncated_config(self.model.config, self.held_layers)
         whole.num_hidden_layers = self.num_layers

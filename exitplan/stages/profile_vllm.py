@@ -22,14 +22,12 @@ STAGE = "profile_vllm"
 def _rows_of(params: Params, name: str) -> list[dict[str, Any]]:
     """Serve ``name`` on one vLLM replica, time it, stop it."""
     from exitplan.vllm import replica as vllm_replica
-    from exitplan.vllm.flags import Replica
     from exitplan.vllm.profile import measure
     from exitplan.vllm.truncate import read_layers
 
     section, settings = params.profile_vllm, params.vllm
     checkpoint = params.checkpoint_path(name)
-    spec = Replica(name, "127.0.0.1", params.deploy.base_port, dtype=settings.dtype,
-                   max_model_len=settings.max_model_len)
+    spec = vllm_replica.cpu_replica(params, name, "127.0.0.1", params.deploy.base_port)
     log = params.path(".cache") / STAGE / f"{name.replace('/', '_')}.log"  # vLLM's own log, outside the outputs
     started = vllm_replica.start(params, checkpoint, spec, vllm_replica.cores(1, settings.threads_per_replica)[0],
                                  log)
@@ -48,7 +46,7 @@ def main(params: Params) -> dict[str, Any]:
 
     from exitplan.catalog import load_catalog
     from exitplan.stages.profile_device import fit_and_write
-    from exitplan.vllm.flags import Platform, block_size
+    from exitplan.vllm.replica import cpu_engine
 
     section = params.profile_vllm
     began = time.perf_counter()
@@ -57,9 +55,9 @@ def main(params: Params) -> dict[str, Any]:
     catalog = load_catalog(params.path(params.catalog))
     models = {name: catalog.model(name).model_copy(update={"dtype_bytes": size}) for name in section.models}
     memory = section.memory_gib or psutil.virtual_memory().total / 2**30
-    engine = {"max_num_seqs": params.vllm.max_num_seqs, "block_size": block_size(Platform.CPU, 1),
-              "max_model_len": params.vllm.max_model_len, "dtype": params.vllm.dtype,
-              "kv_cache_gib": params.vllm.kv_cache_gib}
+    knobs = cpu_engine(params)  # what the replicas ran with
+    engine = {"max_num_seqs": knobs.max_num_seqs, "block_size": knobs.block_size, "max_model_len": knobs.max_model_len,
+              "dtype": params.vllm.dtype, "kv_cache_gib": params.vllm.kv_cache_gib}
     metrics = fit_and_write(rows, models, section.device_id, memory, section.price_per_hour,
                             params.path(section.output_dir), {"engine": engine})
     decode = [r for r in rows if r["kind"] == "decode"]

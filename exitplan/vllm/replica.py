@@ -8,23 +8,38 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from exitplan.config import Params
+from exitplan.config import EngineParams, Params
 from exitplan.vllm.environment import API_SERVER, ensure, process_env, python
-from exitplan.vllm.flags import Platform, Replica, serve_flags
+from exitplan.vllm.flags import Platform, Replica, block_size, serve_flags
 
 GIB = 2**30
 
 
+def cpu_engine(params: Params) -> EngineParams:
+    """The engine knobs of a CPU replica here: the simulated ones, with the ``vllm`` section's batch limit and max
+    model length and the CPU backend's block size."""
+    engine = params.simulator.engine
+    return engine.model_copy(update={"max_num_seqs": params.vllm.max_num_seqs,
+                                     "max_model_len": params.vllm.max_model_len,
+                                     "block_size": block_size(Platform.CPU, engine.block_size)})
+
+
+def cpu_replica(params: Params, name: str, host: str, port: int) -> Replica:
+    """A CPU replica here serving ``name`` on ``host:port``, in the ``vllm`` section's dtype and max model length."""
+    return Replica(name, host, port, dtype=params.vllm.dtype, max_model_len=params.vllm.max_model_len)
+
+
 def command(params: Params, checkpoint: Path, replica: Replica) -> list[str]:
     """The CPU replica's command line: the API server module of vLLM's environment on ``checkpoint``."""
-    engine = params.simulator.engine.model_copy(update={"max_num_seqs": params.vllm.max_num_seqs})
     return [str(python(params)), "-m", API_SERVER, "--model", str(checkpoint),
-            *serve_flags(Platform.CPU, replica, engine)]
+            *serve_flags(Platform.CPU, replica, cpu_engine(params))]
 
 
 def replica_gib(params: Params, checkpoint: Path) -> float:
     """RAM one CPU replica of ``checkpoint`` holds: its weights in the replica's dtype, its KV cache, the rest."""
-    stored = sum(p.stat().st_size for p in checkpoint.glob("*.safetensors"))
+    from exitplan.checkpoints import checkpoint_bytes
+
+    stored = checkpoint_bytes(checkpoint)
     dtype_bytes = 4 if params.vllm.dtype == "float32" else 2
     weights = stored * dtype_bytes / _stored_bytes_per_param(checkpoint)
     return weights / GIB + params.vllm.kv_cache_gib + params.vllm.memory_overhead_gib
@@ -116,8 +131,13 @@ def stop(process: subprocess.Popen, grace_s: float = 30.0) -> None:
         process.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         pass
+    kill_group(process.pid)
+    process.wait()
+
+
+def kill_group(group: int) -> None:
+    """SIGKILL whatever is left of process group ``group`` (none left: nothing to do)."""
     try:
-        os.killpg(process.pid, signal.SIGKILL)
+        os.killpg(group, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    process.wait()

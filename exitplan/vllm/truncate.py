@@ -9,7 +9,6 @@ model's own final norm and LM head: our engine's identity exit at layer L.
 
 from __future__ import annotations
 
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -18,9 +17,6 @@ from exitplan.atomic import write_json
 from exitplan.errors import ExitplanError
 from exitplan.files import read_json
 from exitplan.packages import replace_dir
-
-LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-"""A decoder layer's index in a tensor name (``model.layers.12.mlp.up_proj.weight``)."""
 
 COPIED = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja",
           "special_tokens_map.json", "vocab.json", "merges.txt")
@@ -45,21 +41,18 @@ def truncate(source: Path, out: Path, layers: int, dtype: str | None = None) -> 
         ExitplanError: when ``layers`` is out of range or the checkpoint has no safetensors.
     """
     import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
+
+    from exitplan.earlyexit.partial_model import layer_index, read_tensors, weight_files
 
     config = read_json(source / "config.json", f"config of {source}")
     total = int(config["num_hidden_layers"])
     if not 1 <= layers <= total:
         raise ExitplanError(f"{source.name}: cannot keep {layers} of its {total} layers")
-    shards = sorted(source.glob("*.safetensors"))
-    if not shards:
-        raise ExitplanError(f"{source}: no *.safetensors to cut")
-    kept: dict[str, torch.Tensor] = {}
-    for shard in shards:
-        for name, tensor in load_file(str(shard)).items():
-            match = LAYER.search(name)
-            if match is None or int(match.group(1)) < layers:
-                kept[name] = tensor.to(getattr(torch, dtype)) if dtype else tensor
+    weight_files(source)  # raises when there are none
+    kept = read_tensors(source, lambda n: (i := layer_index(n)) is None or i < layers)  # the rest is never read
+    if dtype:
+        kept = {name: tensor.to(getattr(torch, dtype)) for name, tensor in kept.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
