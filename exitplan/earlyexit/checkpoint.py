@@ -10,6 +10,7 @@ from torch import nn
 
 from exitplan.atomic import write_atomic, write_json
 from exitplan.earlyexit.heads import make_head
+from exitplan.earlyexit.packed import pack
 from exitplan.earlyexit.partial_model import EarlyExitLM
 from exitplan.errors import ExitplanError
 
@@ -57,6 +58,8 @@ def read_heads(model: EarlyExitLM, exits_dir: Path, kind: str) -> tuple[list[int
         prefix = f"{exit_layer}."
         head.load_state_dict({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
         heads[exit_layer] = head.to(dtype=next(model.parameters()).dtype).eval()  # the model's own dtype
+        if model.packed:
+            heads[exit_layer] = pack(heads[exit_layer])
     return exits, heads
 
 

@@ -110,7 +110,8 @@ def make_head(kind: str, model: Any, exit_layer: int) -> nn.Module:
     """A new, untrained head of ``kind`` for the exit after layer ``exit_layer`` (1-based) of ``model``.
 
     ``model`` is an :class:`exitplan.earlyexit.partial_model.EarlyExitLM`; a block head copies its last held layer
-    (the model's last layer when the model is whole, as it is for training; for loading only the shape matters).
+    (the model's last layer when the model is whole, as it is for training; for loading only the shape matters, and a
+    packed model gives a fresh layer).
     """
     from exitplan.errors import ExitplanError
 
@@ -120,5 +121,7 @@ def make_head(kind: str, model: Any, exit_layer: int) -> nn.Module:
     if kind == "affine":
         return AffineHead(model.full_config.hidden_size)
     if kind == "block":
-        return BlockHead(inner.layers[-1], inner.rotary_emb, model.full_config.hidden_size)
+        # a packed layer holds no loadable weights: a head to load into gets a fresh layer of the same shape
+        source = model.new_layer(model.held_layers - 1) if getattr(model, "packed", False) else inner.layers[-1]
+        return BlockHead(source, inner.rotary_emb, model.full_config.hidden_size)
     raise ExitplanError(f"unknown exit head kind '{kind}'; known: {list(HEAD_KINDS)}")

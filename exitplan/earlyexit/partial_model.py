@@ -75,6 +75,7 @@ class EarlyExitLM(nn.Module):
         self.full_config = full_config
         self.checkpoint = checkpoint
         self.exit_heads = nn.ModuleDict()
+        self.packed = False
 
     # --- construction ------------------------------------------------------------------------------------------
     @classmethod
@@ -109,6 +110,16 @@ class EarlyExitLM(nn.Module):
             model.tie_weights()
         return cls(model.eval().to(dtype), config, path)
 
+    def pack(self) -> None:
+        """Reorder the held layers' linear weights once for oneDNN (inference only; see
+        :mod:`exitplan.earlyexit.packed`); layers attached later are packed too. The LM head stays: tied to the
+        embeddings, a packed copy would hold its bytes twice."""
+        from exitplan.earlyexit.packed import pack
+
+        for layer in self.model.model.layers:
+            pack(layer)
+        self.packed = True
+
     # --- shape ---------------------------------------------------------------------------------------------------
     @property
     def held_layers(self) -> int:
@@ -142,21 +153,24 @@ class EarlyExitLM(nn.Module):
             return []
         if self.checkpoint is None:
             raise ExitplanError("this model was not loaded from a checkpoint; cannot load its remaining layers")
-        layer_cls = type(self.model.model.layers[0])
         reference = next(self.model.parameters())
         state = read_tensors(self.checkpoint, lambda n: (i := layer_index(n)) is not None and start <= i < upto)
+        layers = []
+        for index in range(start, upto):
+            layer = self.new_layer(index)
+            prefix = f"model.layers.{index}."
+            layer.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+            layers.append(layer.to(dtype=reference.dtype).eval())
+        return layers
+
+    def new_layer(self, index: int) -> nn.Module:
+        """An unloaded decoder layer at 0-based ``index``, of the held layers' class and config (not packed)."""
         # The running model's config carries the attention implementation chosen at load; widen it to all layers.
         whole = _truncated_config(self.model.config, self.held_layers)
         whole.num_hidden_layers = self.num_layers
         if getattr(self.full_config, "layer_types", None) is not None:
             whole.layer_types = list(self.full_config.layer_types)
-        layers = []
-        for index in range(start, upto):
-            layer = layer_cls(whole, layer_idx=index)
-            prefix = f"model.layers.{index}."
-            layer.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
-            layers.append(layer.to(dtype=reference.dtype).eval())
-        return layers
+        return type(self.model.model.layers[0])(whole, layer_idx=index)
 
     def attach_layers(self, layers: list[nn.Module]) -> None:
         """Append layers built by :meth:`read_layers` (they must continue the held stack)."""
@@ -164,6 +178,10 @@ class EarlyExitLM(nn.Module):
         for offset, layer in enumerate(layers):
             if layer.self_attn.layer_idx != held + offset:
                 raise ExitplanError(f"layer {layer.self_attn.layer_idx} does not follow the {held} held layers")
+        if self.packed:
+            from exitplan.earlyexit.packed import pack
+
+            layers = [pack(layer) for layer in layers]
         for layer in layers:
             self.model.model.layers.append(layer)
         self.model.config.num_hidden_layers = self.held_layers
@@ -171,13 +189,11 @@ class EarlyExitLM(nn.Module):
             self.model.config.layer_types = list(self.full_config.layer_types)[: self.held_layers]
 
     def weight_bytes(self) -> int:
-        """Bytes of the parameters in memory (a tied LM head counted once), exit heads included."""
-        seen, total = set(), 0
-        for p in self.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                total += p.nbytes
-        return total
+        """Bytes of the weights in memory (a tied LM head counted once, packed weights included), exit heads
+        included."""
+        from exitplan.earlyexit.packed import module_bytes
+
+        return module_bytes(self)
 
     # --- forward -------------------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -30,6 +30,7 @@ from typing import Literal
 import torch
 
 from exitplan.earlyexit.confidence import confidence as confidence_of
+from exitplan.earlyexit.packed import module_bytes
 from exitplan.earlyexit.runner import Work
 from exitplan.errors import ExitplanError
 from exitplan.profiling.cbc import BreachCounter
@@ -385,7 +386,7 @@ class Engine:
         served = self.served
         self._shrink_pool()
         per_layer = served.model.model.model.layers[0]
-        layer_bytes = sum(p.nbytes for p in per_layer.parameters())
+        layer_bytes = module_bytes(per_layer)
         self._loading_bytes = layer_bytes * (served.num_layers - served.model.held_layers)
         self._load_started = time.perf_counter()
         self._loading = self._executor.submit(served.model.read_layers, served.num_layers)
@@ -509,8 +510,8 @@ def _measured_bytes(served: ServedModel) -> dict[str, int]:
     per token per cached layer."""
     from exitplan.earlyexit.runner import kv_shape
 
-    layer = sum(p.nbytes for p in served.model.model.model.layers[0].parameters())
-    heads = [sum(p.nbytes for p in h.parameters()) for h in served.heads.values()]
+    layer = module_bytes(served.model.model.model.layers[0])
+    heads = [module_bytes(h) for h in served.heads.values()]
     return {"base_bytes": served.model.weight_bytes() - sum(heads) - layer * served.model.held_layers,
             "layer_bytes": layer, "head_bytes": max(heads, default=0),
             "kv_token_layer_bytes": kv_shape(served.model).bytes_per_token(1)}

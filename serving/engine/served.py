@@ -10,6 +10,7 @@ from pathlib import Path
 from torch import nn
 
 from exitplan.earlyexit.kv_pool import KVPool
+from exitplan.earlyexit.packed import can_pack, module_bytes
 from exitplan.earlyexit.partial_model import EarlyExitLM
 from exitplan.earlyexit.runner import PagedRunner, kv_shape
 from exitplan.errors import ExitplanError
@@ -74,6 +75,8 @@ class ServedModel:
         import torch
 
         model = EarlyExitLM.from_pretrained(candidate.checkpoint, layers, dtype=getattr(torch, candidate.dtype))
+        if can_pack(getattr(torch, candidate.dtype)):
+            model.pack()
         heads: dict[int, nn.Module] = {}
         if candidate.exits_dir is not None:
             _, available = read_heads(model, candidate.exits_dir, candidate.head_kind)
@@ -109,7 +112,7 @@ class ServedModel:
 
     def weight_bytes(self) -> int:
         """Bytes of the held layers, embeddings, head and the exit heads kept."""
-        heads = sum(p.nbytes for h in self.heads.values() for p in h.parameters())
+        heads = sum(module_bytes(h) for h in self.heads.values())
         return self.model.weight_bytes() + heads
 
     def cached_layers(self, all_exits: bool = False) -> int:

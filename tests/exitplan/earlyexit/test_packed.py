@@ -1,0 +1,75 @@
+"""Packed linear weights (oneDNN layout, bfloat16): the same outputs, the same bytes, on layers loaded later too."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from exitplan.earlyexit.heads import make_head
+from exitplan.earlyexit.kv_pool import KVPool
+from exitplan.earlyexit.packed import PackedLinear, can_pack, module_bytes, pack
+from exitplan.earlyexit.partial_model import EarlyExitLM
+from exitplan.earlyexit.runner import PagedRunner, Work, attend, kv_shape
+
+PROMPTS = [[5, 17, 230, 99, 4, 1000, 7], [42, 8, 300]]
+
+
+def test_a_packed_linear_gives_the_same_bits_for_any_rows_and_counts_its_bytes() -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 160, bias=True).to(torch.bfloat16)
+    packed = pack(linear)
+    assert isinstance(packed, PackedLinear) and module_bytes(packed) == module_bytes(linear)
+    for shape in [(1, 96), (5, 96), (33, 96), (2, 7, 96)]:
+        x = torch.randn(shape, dtype=torch.bfloat16)
+        assert torch.equal(packed(x), F.linear(x, linear.weight, linear.bias))
+
+
+def test_only_bfloat16_is_packed() -> None:
+    """This machine kind (AMD EPYC with AVX512-BF16) has oneDNN's bfloat16 kernels; float32 is never packed."""
+    assert can_pack(torch.bfloat16) and not can_pack(torch.float32)
+
+
+def _logits(model: EarlyExitLM) -> list[torch.Tensor]:
+    pool = KVPool(kv_shape(model), model.held_layers, 16, 4)
+    blocks = [pool.allocate(pool.blocks_for(len(p))) for p in PROMPTS]
+    runner = PagedRunner(model, pool)
+    return [runner.forward([Work.span(p, 0, b)], model.held_layers, all_positions=True)
+            for p, b in zip(PROMPTS, blocks, strict=True)]
+
+
+def test_a_packed_model_grown_later_equals_the_unpacked_whole_and_weighs_the_same(tiny_checkpoint) -> None:
+    path, _ = tiny_checkpoint
+    whole = EarlyExitLM.from_pretrained(path, dtype=torch.bfloat16)
+    grown = EarlyExitLM.from_pretrained(path, 2, dtype=torch.bfloat16)
+    grown.pack()
+    grown.attach_layers(grown.read_layers(grown.num_layers))
+    assert all(isinstance(m, PackedLinear) for layer in grown.model.model.layers
+               for m in layer.modules() if isinstance(m, (nn.Linear, PackedLinear)))
+    assert not any(isinstance(m, nn.Linear) for m in grown.model.model.layers.modules())
+    assert grown.weight_bytes() == whole.weight_bytes()
+    for ours, theirs in zip(_logits(grown), _logits(whole), strict=True):
+        assert torch.equal(ours, theirs)
+
+
+def test_a_block_head_loads_into_a_packed_model(tiny_checkpoint) -> None:
+    path, _ = tiny_checkpoint
+    plain = EarlyExitLM.from_pretrained(path, 3, dtype=torch.bfloat16)
+    trained = make_head("block", plain, 3)
+    packed_model = EarlyExitLM.from_pretrained(path, 3, dtype=torch.bfloat16)
+    packed_model.pack()
+    head = make_head("block", packed_model, 3)
+    head.load_state_dict(trained.state_dict())
+    head = pack(head.to(torch.bfloat16))
+    x = torch.randn(1, 5, plain.full_config.hidden_size, dtype=torch.bfloat16)
+    assert torch.equal(head(x), trained.to(torch.bfloat16)(x))
+
+
+def test_grouped_attention_equals_torchs_with_masks_and_without() -> None:
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 4, 5, 8), torch.randn(3, 2, 9, 8), torch.randn(3, 2, 9, 8)
+    batched = torch.rand(3, 1, 5, 9) > 0.3
+    batched[..., 0] = True
+    for mask in [batched, batched[0, 0], None]:
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True)
+        torch.testing.assert_close(attend(q, k, v, mask, 0.3), expected, atol=1e-5, rtol=1e-5)
