@@ -8,9 +8,10 @@ counts) at Poisson arrivals at the scenario's load, each streamed with ``max_tok
 length cut at ``build_perf_db.vllm_max_output_len`` (as the plan's perf DB cut them); the client records TTFT,
 TPOT and end-to-end latency, and which model the coordinator routed it to.
 
-The prediction is the simulator's (:mod:`exitplan.vllm.simulate`: the ``vllm-cpu`` device fitted by
-``profile_vllm``, the replicas' engine knobs) of each model's replica serving exactly the requests routed to it,
-at their arrival times, with their prompt lengths and the answer lengths they got. Errors are relative, per metric:
+The prediction of each request is its routing score's time (the coordinator's embedder and weights timed here on
+each prompt, alone, with the replicas up and standing by, before the replay) followed by the simulator's (:mod:`exitplan.vllm.simulate`: the ``vllm-cpu``
+device fitted by ``profile_vllm``, the replicas' engine knobs) of its model's replica serving exactly the requests
+routed to it, each reaching it when its score is known, with their prompt lengths and the answer lengths they got. Errors are relative, per metric:
 the median over the cells (each model and the fleet) x (P50, P95). The plan's own promise is its ``predicted_p95_s``
 (the worst loaded model's P95 from the perf DB at the plan's fractions): ``plan_p95_err`` compares it with the
 worst model's measured P95 (``fleet_p95_s``).
@@ -26,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -35,9 +37,10 @@ from common import start
 from exitplan.catalog import load_catalog
 from exitplan.deploy import start_local
 from exitplan.profiling.device import DEVICE_FILE
-from exitplan.routing.router_file import ROUTER_FILE
+from exitplan.routing.router_file import ROUTER_FILE, load_router
 from exitplan.simulator.replica import RequestSet
 from exitplan.vllm.simulate import read_vllm_device, replica_simulator
+from serving.scorer import score_function
 
 METRICS = ("ttft", "tpot", "e2e")
 
@@ -77,17 +80,32 @@ async def replay(url: str, model: str, frame: pd.DataFrame) -> list[dict]:
         return list(await asyncio.gather(*(one(r) for r in frame.itertuples())))
 
 
+def routing_seconds(params, router: Path, prompts: list[str]) -> np.ndarray:
+    """Seconds the coordinator's routing score takes for each prompt alone (its embedder and weights, with this
+    process's threads, which the coordinator inherits; after one warm-up): the time a request spends before it reaches a replica."""
+    routing = load_router(router.read_bytes(), str(router))
+    score = score_function(routing, params.checkpoint_path(routing.embedder))
+    score(prompts[:1])
+    seconds = []
+    for prompt in prompts:
+        began = time.perf_counter()
+        score([prompt])
+        seconds.append(time.perf_counter() - began)
+    return np.asarray(seconds)
+
+
 def predict(params, frame: pd.DataFrame, device) -> pd.DataFrame:
-    """The simulator's TTFT, TPOT and E2E of each request on its model's vLLM replica."""
+    """The prediction of each request's TTFT, TPOT and E2E: its routing score's time (``route_s``), then the
+    simulator's replica of its model, reached when the score is known."""
     catalog = load_catalog(params.path(params.catalog))
     out = frame.copy()
     for model, rows in frame.groupby("model"):
-        rows = rows.sort_values("sent_s")
-        requests = RequestSet(rows["sent_s"].to_numpy(float), rows["prompt_len"].to_numpy(np.int64),
+        rows = rows.assign(at_s=rows["sent_s"] + rows["route_s"]).sort_values("at_s")
+        requests = RequestSet(rows["at_s"].to_numpy(float), rows["prompt_len"].to_numpy(np.int64),
                               rows["tokens"].clip(lower=1).to_numpy(np.int64))
         result = replica_simulator(device, catalog.model(model)).run(requests)
-        ttft = result.first_token_s - requests.arrival_s
-        e2e = result.finish_s - requests.arrival_s
+        ttft = result.first_token_s - requests.arrival_s + rows["route_s"].to_numpy(float)
+        e2e = result.finish_s - requests.arrival_s + rows["route_s"].to_numpy(float)
         out.loc[rows.index, "pred_ttft"] = ttft
         out.loc[rows.index, "pred_e2e"] = e2e
         out.loc[rows.index, "pred_tpot"] = np.where(requests.output_len > 1,
@@ -119,13 +137,27 @@ def main() -> None:
     frame = trace(params, count, qps, cap)
     fleet = start_local(params, plan, plan_dir / ROUTER_FILE, params.path(params.deploy.output_dir))
     try:
+        # timed beside the standing-by replicas, as profile_vllm times each replica beside the others
+        frame["route_s"] = routing_seconds(params, plan_dir / ROUTER_FILE, frame["prompt"].tolist())
         results = asyncio.run(replay(fleet.coordinator_url, params.deploy.fleet_name, frame))
+        stats = httpx.get(f"{fleet.coordinator_url}/stats", timeout=30).json()
     finally:
         fleet.stop()
-    measured = pd.concat([frame[["prompt_len", "max_tokens"]], pd.DataFrame(results)], axis=1)
-    table = cells(predict(params, measured, device))
+    scorer = stats["scorer"]
+    print(f"routing score alone (predicted): median {1000 * frame['route_s'].median():.1f} ms per prompt")
+    print(f"coordinator: own time P50 {stats['overhead_ms_p50']:.1f} ms, P95 {stats['overhead_ms_p95']:.1f} ms; "
+          f"routing score: {scorer['batches']} batches, model {1000 * scorer['model_seconds'] / scorer['batches']:.1f}"
+          f" ms per batch, wait {1000 * scorer['wait_seconds'] / scorer['requests']:.1f} ms per request")
+    measured = pd.concat([frame[["prompt_len", "max_tokens", "route_s"]], pd.DataFrame(results)], axis=1)
+    predicted = predict(params, measured, device)
+    table = cells(predicted)
     planned = {m["model"]: m["fraction"] for m in plan["models"]}
     print(f"{count} requests, Poisson {qps} req/s, answers capped at {cap} tokens; replicas {fleet.replica_urls}")
+    print(f"{'sent s':>8}{'model':>34}{'prompt':>8}{'tokens':>8}{'TTFT s':>8}{'pred':>7}{'TPOT s':>8}{'pred':>7}"
+          f"{'E2E s':>8}{'pred':>7}")
+    for r in predicted.sort_values("sent_s").itertuples():
+        print(f"{r.sent_s:>8.1f}{r.model:>34}{r.prompt_len:>8}{r.tokens:>8}{r.ttft:>8.3f}{r.pred_ttft:>7.3f}"
+              f"{r.tpot:>8.3f}{r.pred_tpot:>7.3f}{r.e2e:>8.2f}{r.pred_e2e:>7.2f}")
     print(f"{'who':<36}{'metric':>7}{'q':>4}{'measured s':>12}{'predicted s':>13}{'rel err':>9}")
     for row in table.itertuples():
         print(f"{row.who:<36}{row.metric:>7}{row.q:>4}{row.measured:>12.3f}{row.predicted:>13.3f}{row.rel_err:>9.1%}")

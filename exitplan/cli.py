@@ -202,6 +202,17 @@ def stage_profile_vllm(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
     _print_device(_run_stage("profile_vllm", params)[1])
 
 
+@stage_app.command("partial-checkpoints")
+def stage_partial_checkpoints(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
+    """Write the truncated checkpoints of the plans' partial vLLM replicas and of ``partial_checkpoints.cuts``."""
+    result = _run_stage("partial_checkpoints", params)[1]
+    for name, size in result["bytes"].items():
+        console.print(f"{name}: {size / 2**30:.2f} GiB")
+    if result["not_fetched"]:
+        console.print(f"not fetched here, not cut: {', '.join(result['not_fetched'])} (cut them on their hosts with "
+                      "`exitplan truncate`)")
+
+
 def _print_device(m: dict[str, Any]) -> None:
     console.print(f"{m['device']}: {m['flops_per_s'] / 1e9:.1f} GFLOP/s, {m['bytes_per_s'] / 1e9:.1f} GB/s, "
                   f"overheads {m['step_overhead_s'] * 1e3:.2f} ms/step + {m['seq_overhead_s'] * 1e3:.2f} ms/seq; "
@@ -290,6 +301,23 @@ def rollback(
     console.print(result.changes[0])
 
 
+@app.command("truncate")
+def truncate_checkpoint(
+    source: Annotated[Path, typer.Argument(help="A Hugging Face checkpoint folder (config.json + safetensors).")],
+    out: Annotated[Path, typer.Argument(help="Folder to write the cut to (replaced atomically).")],
+    layers: Annotated[int, typer.Option("--layers", min=1, help="Decoder layers to keep.")],
+    dtype: Annotated[str | None, typer.Option(help="Store the tensors as bfloat16, float16 or float32 "
+                                                   "(default: as they are).")] = None,
+) -> None:
+    """Cut a checkpoint to its first layers, final norm and head, as a model vLLM serves (a partial replica); for
+    GPU hosts that hold weights this machine lacks (``partial_checkpoints`` cuts the fetched ones)."""
+    from exitplan.vllm.truncate import truncate
+
+    if dtype not in (None, "bfloat16", "float16", "float32"):
+        raise ExitplanError(f"--dtype must be bfloat16, float16 or float32 (got {dtype!r})")
+    console.print(f"wrote {truncate(source, out, layers, dtype)}")
+
+
 @app.command("deploy")
 def deploy(
     params: ParamsOption = Path(DEFAULT_PARAMS),
@@ -315,6 +343,9 @@ def deploy(
         table.add_row(r.model, r.host, ",".join(map(str, r.devices)), f"{r.weight:.2f}", " ".join(r.args[3:]))
     console.print(table)
     console.print(f"launch files: {', '.join(str(f) for f in rendered.files)}")
+    for name in rendered.missing_partials:
+        console.print(f"partial replica {name}: its model is not fetched here; on its host run `exitplan truncate "
+                      f"<checkpoint> models/{name} --layers {name.rsplit('-L', 1)[1]}` beside the launch file")
     if render_only:
         return
     out = loaded.path(loaded.deploy.output_dir)

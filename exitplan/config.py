@@ -476,10 +476,35 @@ class ProfileVllmParams(StrictModel):
 
     @model_validator(mode="after")
     def _contexts_fit(self) -> ProfileVllmParams:
-        longest = max(max(self.contexts) + self.tokens, max(self.prefill_lengths) + 1)
-        if longest > 131_072:
-            raise ValueError(f"profile_vllm: {longest} tokens per request is more than any replica accepts")
+        for key, longest in (("contexts", max(self.contexts) + self.tokens),
+                             ("prefill_lengths", max(self.prefill_lengths) + 1)):
+            if longest > 131_072:
+                raise ValueError(f"profile_vllm.{key}: {longest} tokens per request is more than any replica "
+                                 "accepts (131,072)")
         return self
+
+
+class PartialCut(StrictModel):
+    """One partial-layer checkpoint: ``model`` cut to its first ``layers`` decoder layers."""
+
+    model: str
+    """Fetched model (HF id)."""
+
+    layers: PositiveInt
+    """Decoder layers kept (fewer than the model's)."""
+
+
+class PartialCheckpointsParams(StrictModel):
+    """Stage ``partial_checkpoints``: the truncated checkpoints partial (early-exit) vLLM replicas serve: the first
+    L layers, the final norm and the head, as an ordinary model (vLLM cannot drop layers of a checkpoint). Every
+    partial replica of a plan (a group holding fewer layers than its model) whose model is fetched here gets one,
+    and so does every entry of ``cuts``."""
+
+    cuts: list[PartialCut] = Field(default_factory=list)
+    """Cuts to write besides the plans' partial replicas."""
+
+    output_dir: str = "data/partial"
+    """Folder of the cuts: ``<output_dir>/<hf id>-L<layers>/`` (in ``vllm.dtype``; a DVC output)."""
 
 
 class SelectCandidatesParams(StrictModel):
@@ -1020,6 +1045,9 @@ class Params(StrictModel):
 
     profile_vllm: ProfileVllmParams
     """Stage ``profile_vllm``."""
+
+    partial_checkpoints: PartialCheckpointsParams = Field(default_factory=PartialCheckpointsParams)
+    """Stage ``partial_checkpoints``."""
 
     label_quality: LabelQualityParams
     """Stage ``label_quality``."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -298,6 +299,61 @@ def plan_replica_counts(plan: dict[str, Any], models: list[str]) -> dict[str, in
     return counts
 
 
+def plan_layers(plan: dict[str, Any], model: str) -> int | None:
+    """Layers the plan's (first) group of ``model`` holds (``None``: the whole model)."""
+    entry = next((m for m in plan["models"] if m["model"] == model), None)
+    groups = entry.get("groups", []) if entry else []
+    return int(groups[0]["layers"]) if groups and "layers" in groups[0] else None
+
+
+def replica_checkpoint(params: Params, plan: dict[str, Any], model: str) -> Path:
+    """The checkpoint a local replica of ``model`` serves: the fetched one, or, when the plan holds fewer layers than
+    the model (a partial early-exit replica), its cut from ``partial_checkpoints``.
+
+    Raises:
+        ExitplanError: when the cut is missing.
+    """
+    from exitplan.vllm.truncate import partial_name, read_layers
+
+    full = params.checkpoint_path(model)
+    layers = plan_layers(plan, model)
+    if layers is None or layers >= read_layers(full):
+        return full
+    cut = params.path(params.partial_checkpoints.output_dir) / partial_name(model, layers)
+    if not (cut / "config.json").is_file():
+        raise ExitplanError(f"the plan serves {model} at {layers} layers but {cut} is missing: run "
+                            "`dvc repro partial_checkpoints`")
+    return cut
+
+
+def bundle_partials(params: Params, replicas: list[ReplicaLaunch], out: Path,
+                    num_layers: dict[str, int]) -> list[str]:
+    """Link the cuts that the bundle's partial replicas serve into ``out/models/`` (hard links: no copy); returns
+    the cuts this machine lacks (their models are not fetched here: cut them on the host with `exitplan
+    truncate`)."""
+    from exitplan.packages import replace_dir
+    from exitplan.vllm.truncate import partial_name
+
+    missing = []
+    for name in sorted({partial_name(r.model, r.layers) for r in replicas if r.layers < num_layers[r.model]}):
+        cut = params.path(params.partial_checkpoints.output_dir) / name
+        if not (cut / "config.json").is_file():
+            missing.append(name)
+            continue
+        scratch = out / "models" / f".{Path(name).name}.tmp"
+        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.copytree(cut, scratch, copy_function=_link_or_copy)
+        replace_dir(scratch, out / "models" / name)
+    return missing
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another file system
+        shutil.copy2(source, target)
+
+
 def replica_order(counts: dict[str, int]) -> list[str]:
     """Models in turn, each as often as its count: a machine that holds fewer replicas keeps every model first."""
     order, left = [], dict(counts)
@@ -321,7 +377,7 @@ def _start_vllm_replicas(params: Params, plan: dict[str, Any], local: list[str],
 
     section, settings = params.deploy, params.vllm
     wanted = replica_order(plan_replica_counts(plan, local))
-    gib = [vllm_replica.replica_gib(params, params.checkpoint_path(m)) for m in wanted]
+    gib = [vllm_replica.replica_gib(params, replica_checkpoint(params, plan, m)) for m in wanted]
     held = vllm_replica.capacity(params, gib)
     if held == 0:
         raise ExitplanError(f"this machine cannot hold one vLLM replica of {wanted[0]} ({gib[0]:.1f} GiB with a "
@@ -332,7 +388,7 @@ def _start_vllm_replicas(params: Params, plan: dict[str, Any], local: list[str],
     for i, model in enumerate(chosen):
         port = section.base_port + i
         spec = vllm_replica.cpu_replica(params, model, section.host, port)
-        started.append(vllm_replica.start(params, params.checkpoint_path(model), spec, cores[i],
+        started.append(vllm_replica.start(params, replica_checkpoint(params, plan, model), spec, cores[i],
                                           out / f"vllm-{port}.log"))
         fleet.processes.append(started[-1].process)
         fleet.groups.append(started[-1].process.pid)
@@ -375,6 +431,8 @@ class Rendered:
         router: Its routing model, written beside the launch files.
         replicas: Its replicas.
         files: Files written.
+        missing_partials: Cuts its partial replicas serve that this machine could not put in the bundle (their
+            models are not fetched here).
     """
 
     version: str
@@ -382,6 +440,7 @@ class Rendered:
     router: Path | None
     replicas: list[ReplicaLaunch]
     files: list[Path]
+    missing_partials: list[str] = field(default_factory=list)
 
 
 def render_champion(params: Params) -> Rendered:
@@ -415,4 +474,6 @@ def render_champion(params: Params) -> Rendered:
                       "0.0.0.0" if params.deploy.bind_all else "127.0.0.1")
     files = write_launch_files(out, replicas, fleet_config(plan, replicas, params, router), version,
                                params.deploy.api_key_env, params.deploy.require_api_key)
-    return Rendered(version, plan, router, replicas, files)
+    missing = bundle_partials(params, replicas, out, {m["model"]: catalog.model(m["model"]).num_layers
+                                                      for m in plan["models"]})
+    return Rendered(version, plan, router, replicas, files, missing)

@@ -3,7 +3,7 @@
 Validate params -> fetch the embedded models -> prepare the workloads -> import the labels of models that cannot
 run here (AlpacaEval annotations, when present) -> build the perf DB (simulation) -> train
 exit heads -> exit profile -> device profile -> candidate selection -> quality labels -> co-optimised plan (MLflow
-alias ``challenger``) -> HELIOS online profiling (the PHT) -> gates -> promotion (alias ``champion``). Each stage runs
+alias ``challenger``) -> the truncated checkpoints of partial vLLM replicas -> HELIOS online profiling (the PHT) -> gates -> promotion (alias ``champion``). Each stage runs
 only if DVC finds it stale, so a re-run after a failure does only what is missing.
 """
 
@@ -18,7 +18,8 @@ from tasks.pipeline import check_config, push_outputs, repro_stage, summarize
 from tasks.reprofile import promote_plan
 
 STAGES = ("fetch_models", "prepare_workload", "import_labels", "profile_vllm", "build_perf_db", "train_exits",
-          "exit_profile", "profile_device", "select_candidates", "label_quality", "plan", "online_profile", "gate")
+          "exit_profile", "profile_device", "select_candidates", "label_quality", "plan", "partial_checkpoints",
+          "online_profile", "gate")
 """The file-to-file stages of dvc.yaml, in order."""
 
 

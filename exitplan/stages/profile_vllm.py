@@ -1,8 +1,9 @@
 """Stage ``profile_vllm``: vLLM's step times on this machine, and the simulator's device fitted to them.
 
 Each model of ``profile_vllm.models`` is served by a vLLM CPU replica started exactly as ``exitplan deploy`` starts
-one (:mod:`exitplan.vllm.replica`: the rendered flags, one pinned core, the ``vllm`` section's KV cache), timed
-through its API (:mod:`exitplan.vllm.profile`), and stopped. The points are fitted like ``profile_device``'s, giving
+one (:mod:`exitplan.vllm.replica`: the rendered flags, its own pinned core, the ``vllm`` section's KV cache); the
+replicas start together, as many as the machine holds (their compiles overlap), and each is timed through its API
+(:mod:`exitplan.vllm.profile`) while the others stand by, as they do beside it in a deployment. The points are fitted like ``profile_device``'s, giving
 the catalog entry ``device_id`` and vLLM's per-step and per-sequence overheads, with which the simulator predicts a
 vLLM replica on this machine; ``device.yaml`` also records the engine knobs the replicas ran with.
 """
@@ -19,25 +20,45 @@ from exitplan.tracking import log_stage_run
 STAGE = "profile_vllm"
 
 
-def _rows_of(params: Params, name: str) -> list[dict[str, Any]]:
-    """Serve ``name`` on one vLLM replica, time it, stop it."""
+def _waves(params: Params, names: list[str]) -> list[list[str]]:
+    """The models in groups this machine holds at once (cores and RAM), in order."""
+    from exitplan.vllm import replica as vllm_replica
+
+    waves, left = [], list(names)
+    while left:
+        held = max(1, vllm_replica.capacity(params, [vllm_replica.replica_gib(params, params.checkpoint_path(m))
+                                                     for m in left]))
+        waves.append(left[:held])
+        left = left[held:]
+    return waves
+
+
+def _rows_of(params: Params, names: list[str]) -> list[dict[str, Any]]:
+    """Serve ``names`` on vLLM replicas started together (each on its own cores, as a deployment starts them, so
+    their compiles overlap), time each in turn while the others stand by, stop them all."""
     from exitplan.vllm import replica as vllm_replica
     from exitplan.vllm.profile import measure
     from exitplan.vllm.truncate import read_layers
 
     section, settings = params.profile_vllm, params.vllm
-    checkpoint = params.checkpoint_path(name)
-    spec = vllm_replica.cpu_replica(params, name, "127.0.0.1", params.deploy.base_port)
-    log = params.path(".cache") / STAGE / f"{name.replace('/', '_')}.log"  # vLLM's own log, outside the outputs
-    started = vllm_replica.start(params, checkpoint, spec, vllm_replica.cores(1, settings.threads_per_replica)[0],
-                                 log)
+    core_sets = vllm_replica.cores(len(names), settings.threads_per_replica)
+    started = []
     try:
-        vllm_replica.wait_ready(started, settings.startup_timeout_s)
-        rows = measure(started.url, name, read_layers(checkpoint), section.batch_sizes, section.contexts,
-                       section.prefill_lengths, section.tokens, section.repeats)
+        for i, name in enumerate(names):
+            spec = vllm_replica.cpu_replica(params, name, "127.0.0.1", params.deploy.base_port + i)
+            log = params.path(".cache") / STAGE / f"{name.replace('/', '_')}.log"  # vLLM's own log, not an output
+            started.append(vllm_replica.start(params, params.checkpoint_path(name), spec, core_sets[i], log))
+        rows = []
+        for name, replica in zip(names, started, strict=True):
+            vllm_replica.wait_ready(replica, settings.startup_timeout_s)
+        for name, replica in zip(names, started, strict=True):
+            rows += [{"model": name, **row} for row in measure(
+                replica.url, name, read_layers(params.checkpoint_path(name)), section.batch_sizes, section.contexts,
+                section.prefill_lengths, section.tokens, section.repeats)]
+        return rows
     finally:
-        vllm_replica.stop(started.process)
-    return [{"model": name, **row} for row in rows]
+        for replica in started:
+            vllm_replica.stop(replica.process)
 
 
 def main(params: Params) -> dict[str, Any]:
@@ -50,7 +71,7 @@ def main(params: Params) -> dict[str, Any]:
 
     section = params.profile_vllm
     began = time.perf_counter()
-    rows = [row for name in section.models for row in _rows_of(params, name)]
+    rows = [row for wave in _waves(params, list(section.models)) for row in _rows_of(params, wave)]
     size = 4 if params.vllm.dtype == "float32" else 2
     catalog = load_catalog(params.path(params.catalog))
     models = {name: catalog.model(name).model_copy(update={"dtype_bytes": size}) for name in section.models}

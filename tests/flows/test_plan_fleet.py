@@ -54,6 +54,7 @@ def _small_params(repo: Path) -> dict:
          "load_qps": 1.0, "min_quality": 0.0},
         {"name": "unlabelled", "models": [SMOLLM2, "meta-llama/Llama-2-70b-hf"], "gpus": {"rtx-4090": 2},
          "budget_per_hour": 1.2, "load_qps": 4.0, "required": False}])
+    tree["partial_checkpoints"].update(cuts=[{"model": SMOLLM2, "layers": 15}])
     tree["online_profile"].update(requests=8, max_prompt_tokens=32, max_new_tokens=6)
     tree["gates"].update(requests=2, max_prompt_tokens=32, max_new_tokens=6, gsm8k_queries=1, gsm8k_max_new_tokens=8,
                          min_perf_db_rows=4)
@@ -111,8 +112,8 @@ def flow_results(repo: Path, prefect_harness: None):
 def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) -> None:
     assert [r.target for r in flow_results] == ["fetch_models", "prepare_workload", "import_labels", "profile_vllm",
                                                   "build_perf_db", "train_exits", "exit_profile", "profile_device",
-                                                  "select_candidates", "label_quality", "plan", "online_profile",
-                                                  "gate"]
+                                                  "select_candidates", "label_quality", "plan",
+                                                  "partial_checkpoints", "online_profile", "gate"]
     assert set(flow_results[0].ran) == {f"fetch_models@{SMOLLM2}", f"fetch_models@{MINILM}"}
     assert flow_results[1].ran == ["prepare_workload"]
     assert flow_results[2].ran == ["import_labels"]  # the annotation folder is absent here: empty tables
@@ -163,6 +164,9 @@ def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) 
     metrics = json.loads((repo / "reports" / "plan" / "metrics.json").read_text())
     assert "supply" in metrics["skipped"]["unlabelled"] or "label" in metrics["skipped"]["unlabelled"]
     assert (repo / "model_repository" / "checkpoints" / SMOLLM2 / "model.safetensors").is_file()
+    assert flow_results[11].ran == ["partial_checkpoints"]  # SmolLM2 cut to 15 of its 30 layers, in vllm.dtype
+    cut = json.loads((repo / "data" / "partial" / f"{SMOLLM2}-L15" / "config.json").read_text())
+    assert cut["num_hidden_layers"] == 15 and cut["torch_dtype"] == "bfloat16"
     trace = pd.read_parquet(repo / "data" / "workload" / "trace_small.parquet")
     assert len(trace) == 60 and set(trace["dataset"]) == {"gsm8k", "humaneval"}
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
@@ -187,7 +191,8 @@ def test_stage_runs_are_tracked_in_mlflow(repo: Path, flow_results) -> None:
     by_name = {r.info.run_name: r for r in runs}
     assert set(by_name) == {f"fetch_models:{SMOLLM2}", f"fetch_models:{MINILM}", "prepare_workload",
                             "import_labels", "build_perf_db", f"train_exits:{SMOLLM2}", "exit_profile", "profile_device",
-                            "profile_vllm", "select_candidates", "label_quality", "plan", "online_profile", "gate"}
+                            "profile_vllm", "select_candidates", "label_quality", "plan", "partial_checkpoints",
+                            "online_profile", "gate"}
     assert by_name["prepare_workload"].data.metrics["num_queries"] == 80
     assert by_name["prepare_workload"].data.params["seed"] == "0"
     version = client.get_model_version_by_alias("exitplan-plan", "challenger")

@@ -52,3 +52,20 @@ def test_a_cut_outside_the_model_is_refused_and_writes_nothing(tiny_checkpoint, 
         with pytest.raises(ExitplanError, match=f"cannot keep {layers}"):
             truncate(path, tmp_path / "cut", layers)
     assert not list(tmp_path.iterdir())
+
+
+def test_the_truncate_command_cuts_and_names_a_bad_dtype(tiny_checkpoint, tmp_path_factory) -> None:
+    from typer.testing import CliRunner
+
+    from exitplan.cli import app
+
+    path, _ = tiny_checkpoint
+    out = tmp_path_factory.mktemp("cmd") / "cut"
+    runner = CliRunner()
+    bad = runner.invoke(app, ["truncate", str(path), str(out), "--layers", "2", "--dtype", "int8"])
+    assert isinstance(bad.exception, ExitplanError) and "--dtype must be" in str(bad.exception)
+    assert not out.exists()
+    good = runner.invoke(app, ["truncate", str(path), str(out), "--layers", "2", "--dtype", "bfloat16"])
+    assert good.exit_code == 0, good.output
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2 and config["torch_dtype"] == "bfloat16"
