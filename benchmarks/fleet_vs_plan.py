@@ -8,8 +8,9 @@ counts) at Poisson arrivals at the scenario's load, each streamed with ``max_tok
 length cut at ``build_perf_db.vllm_max_output_len`` (as the plan's perf DB cut them); the client records TTFT,
 TPOT and end-to-end latency, and which model the coordinator routed it to.
 
-The prediction of each request is its routing score's time (the coordinator's embedder and weights timed here on
-each prompt, alone, with the replicas up and standing by, before the replay) followed by the simulator's (:mod:`exitplan.vllm.simulate`: the ``vllm-cpu``
+The prediction of each request is its wait in the coordinator's routing scorer (each prompt's scoring time, its
+embedder and weights timed here alone with the replicas up and standing by, through the scorer's micro-batching
+queue) followed by the simulator's (:mod:`exitplan.vllm.simulate`: the ``vllm-cpu``
 device fitted by ``profile_vllm``, the replicas' engine knobs) of its model's replica serving exactly the requests
 routed to it, each reaching it when its score is known, with their prompt lengths and the answer lengths they got. Errors are relative, per metric:
 the median over the cells (each model and the fleet) x (P50, P95). The plan's own promise is its ``predicted_p95_s``
@@ -40,7 +41,7 @@ from exitplan.profiling.device import DEVICE_FILE
 from exitplan.routing.router_file import ROUTER_FILE, load_router
 from exitplan.simulator.replica import RequestSet
 from exitplan.vllm.simulate import read_vllm_device, replica_simulator
-from serving.scorer import score_function
+from serving.scorer import BatchingScorer, score_function
 
 METRICS = ("ttft", "tpot", "e2e")
 
@@ -94,6 +95,28 @@ def routing_seconds(params, router: Path, prompts: list[str]) -> np.ndarray:
     return np.asarray(seconds)
 
 
+def scorer_queue(sent_s: np.ndarray, score_s: np.ndarray) -> np.ndarray:
+    """Each request's wait in the coordinator's routing scorer (:class:`serving.scorer.BatchingScorer` with the
+    coordinator's knobs): one batch at a time; a batch is the first waiting request and those that join it within
+    ``max_wait_s`` (at most ``max_batch``); it takes the sum of its prompts' scoring times. Returns seconds from each
+    request's send to its score."""
+    knobs = BatchingScorer(lambda texts: np.zeros(len(texts)))
+    order = np.argsort(sent_s, kind="stable")
+    arrivals, costs = sent_s[order], score_s[order]
+    waits, free_at, i = np.empty(len(order)), 0.0, 0
+    while i < len(order):
+        closes = max(arrivals[i], free_at) + knobs.max_wait_s
+        j = i + 1
+        while j < len(order) and j - i < knobs.max_batch and arrivals[j] <= closes:
+            j += 1
+        free_at = closes + float(costs[i:j].sum())
+        waits[i:j] = free_at - arrivals[i:j]
+        i = j
+    out = np.empty(len(order))
+    out[order] = waits
+    return out
+
+
 def predict(params, frame: pd.DataFrame, device) -> pd.DataFrame:
     """The prediction of each request's TTFT, TPOT and E2E: its routing score's time (``route_s``), then the
     simulator's replica of its model, reached when the score is known."""
@@ -138,17 +161,18 @@ def main() -> None:
     fleet = start_local(params, plan, plan_dir / ROUTER_FILE, params.path(params.deploy.output_dir))
     try:
         # timed beside the standing-by replicas, as profile_vllm times each replica beside the others
-        frame["route_s"] = routing_seconds(params, plan_dir / ROUTER_FILE, frame["prompt"].tolist())
+        frame["score_s"] = routing_seconds(params, plan_dir / ROUTER_FILE, frame["prompt"].tolist())
         results = asyncio.run(replay(fleet.coordinator_url, params.deploy.fleet_name, frame))
         stats = httpx.get(f"{fleet.coordinator_url}/stats", timeout=30).json()
     finally:
         fleet.stop()
     scorer = stats["scorer"]
-    print(f"routing score alone (predicted): median {1000 * frame['route_s'].median():.1f} ms per prompt")
+    print(f"routing score alone: median {1000 * frame['score_s'].median():.1f} ms per prompt")
     print(f"coordinator: own time P50 {stats['overhead_ms_p50']:.1f} ms, P95 {stats['overhead_ms_p95']:.1f} ms; "
           f"routing score: {scorer['batches']} batches, model {1000 * scorer['model_seconds'] / scorer['batches']:.1f}"
           f" ms per batch, wait {1000 * scorer['wait_seconds'] / scorer['requests']:.1f} ms per request")
-    measured = pd.concat([frame[["prompt_len", "max_tokens", "route_s"]], pd.DataFrame(results)], axis=1)
+    measured = pd.concat([frame[["prompt_len", "max_tokens", "score_s"]], pd.DataFrame(results)], axis=1)
+    measured["route_s"] = scorer_queue(measured["sent_s"].to_numpy(float), measured["score_s"].to_numpy(float))
     predicted = predict(params, measured, device)
     table = cells(predicted)
     planned = {m["model"]: m["fraction"] for m in plan["models"]}
