@@ -306,6 +306,13 @@ def plan_layers(plan: dict[str, Any], model: str) -> int | None:
     return int(groups[0]["layers"]) if groups and "layers" in groups[0] else None
 
 
+def partial_path(params: Params, model: str, layers: int) -> Path:
+    """Where ``partial_checkpoints`` writes ``model`` cut to ``layers`` layers (what a partial replica serves)."""
+    from exitplan.vllm.truncate import partial_name
+
+    return params.path(params.partial_checkpoints.output_dir) / partial_name(model, layers)
+
+
 def replica_checkpoint(params: Params, plan: dict[str, Any], model: str) -> Path:
     """The checkpoint a local replica of ``model`` serves: the fetched one, or, when the plan holds fewer layers than
     the model (a partial early-exit replica), its cut from ``partial_checkpoints``.
@@ -313,13 +320,13 @@ def replica_checkpoint(params: Params, plan: dict[str, Any], model: str) -> Path
     Raises:
         ExitplanError: when the cut is missing.
     """
-    from exitplan.vllm.truncate import partial_name, read_layers
+    from exitplan.vllm.truncate import read_layers
 
     full = params.checkpoint_path(model)
     layers = plan_layers(plan, model)
     if layers is None or layers >= read_layers(full):
         return full
-    cut = params.path(params.partial_checkpoints.output_dir) / partial_name(model, layers)
+    cut = partial_path(params, model, layers)
     if not (cut / "config.json").is_file():
         raise ExitplanError(f"the plan serves {model} at {layers} layers but {cut} is missing: run "
                             "`dvc repro partial_checkpoints`")
@@ -335,8 +342,8 @@ def bundle_partials(params: Params, replicas: list[ReplicaLaunch], out: Path,
     from exitplan.vllm.truncate import partial_name
 
     missing = []
-    for name in sorted({partial_name(r.model, r.layers) for r in replicas if r.layers < num_layers[r.model]}):
-        cut = params.path(params.partial_checkpoints.output_dir) / name
+    for model, layers in sorted({(r.model, r.layers) for r in replicas if r.layers < num_layers[r.model]}):
+        name, cut = partial_name(model, layers), partial_path(params, model, layers)
         if not (cut / "config.json").is_file():
             missing.append(name)
             continue
@@ -377,7 +384,8 @@ def _start_vllm_replicas(params: Params, plan: dict[str, Any], local: list[str],
 
     section, settings = params.deploy, params.vllm
     wanted = replica_order(plan_replica_counts(plan, local))
-    gib = [vllm_replica.replica_gib(params, replica_checkpoint(params, plan, m)) for m in wanted]
+    checkpoints = {m: replica_checkpoint(params, plan, m) for m in set(wanted)}
+    gib = [vllm_replica.replica_gib(params, checkpoints[m]) for m in wanted]
     held = vllm_replica.capacity(params, gib)
     if held == 0:
         raise ExitplanError(f"this machine cannot hold one vLLM replica of {wanted[0]} ({gib[0]:.1f} GiB with a "
@@ -388,7 +396,7 @@ def _start_vllm_replicas(params: Params, plan: dict[str, Any], local: list[str],
     for i, model in enumerate(chosen):
         port = section.base_port + i
         spec = vllm_replica.cpu_replica(params, model, section.host, port)
-        started.append(vllm_replica.start(params, replica_checkpoint(params, plan, model), spec, cores[i],
+        started.append(vllm_replica.start(params, checkpoints[model], spec, cores[i],
                                           out / f"vllm-{port}.log"))
         fleet.processes.append(started[-1].process)
         fleet.groups.append(started[-1].process.pid)

@@ -40,16 +40,17 @@ def wanted(params: Params) -> tuple[list[tuple[str, int]], list[str]]:
 def main(params: Params) -> dict[str, Any]:
     """Write every wanted cut; report what was written and which models were not here to cut."""
     from exitplan.checkpoints import checkpoint_bytes
+    from exitplan.deploy import partial_path
     from exitplan.vllm.truncate import partial_name, truncate
 
     section = params.partial_checkpoints
     began = time.perf_counter()
     cuts, absent = wanted(params)
-    out = params.path(section.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    params.path(section.output_dir).mkdir(parents=True, exist_ok=True)
     written = {}
     for model, layers in cuts:
-        folder = truncate(params.checkpoint_path(model), out / partial_name(model, layers), layers, params.vllm.dtype)
+        folder = truncate(params.checkpoint_path(model), partial_path(params, model, layers), layers,
+                          params.vllm.dtype)
         written[partial_name(model, layers)] = checkpoint_bytes(folder)
     metrics = {"cuts": len(written), "bytes": written, "not_fetched": absent,
                "seconds": time.perf_counter() - began}
