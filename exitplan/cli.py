@@ -436,8 +436,24 @@ def infra_deploy(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
     console.print(deploy(_params(params)))
 
 
+def _preload_allocator(args: list[str]) -> None:
+    """``exitplan stage <model stage>`` re-executes itself with tcmalloc first (:func:`exitplan.runtime.
+    preload_tcmalloc`); any other command, or params that do not load (the command then reports them), go on."""
+    from exitplan.runtime import preload_tcmalloc
+
+    if len(args) < 2 or args[0] != "stage":
+        return
+    path = Path(args[args.index("--params") + 1]) if "--params" in args[:-1] else Path(DEFAULT_PARAMS)
+    try:
+        params = load_params(path)
+    except ExitplanError:
+        return
+    preload_tcmalloc(params, args[1].replace("-", "_"))
+
+
 def main() -> None:
     """Console-script entry point: run the app, turning an :class:`ExitplanError` into a message and exit 2."""
+    _preload_allocator(sys.argv[1:])
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "distributed"):  # a line per HTTP request, per Dask connection
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -54,6 +54,13 @@ class RuntimeParams(StrictModel):
     forward of 256 tokens was 1.5x faster (9.4 s -> 6.1 s) and a batch-8 decode step 1.2x. profile_device keeps one
     thread on purpose: it calibrates the simulator for the engine as the benchmarks run it."""
 
+    preload_tcmalloc: bool = True
+    """Run those stages with tcmalloc preloaded (``exitplan.runtime.TCMALLOC``, where installed; the process
+    re-executes itself once with ``LD_PRELOAD``). glibc hands every allocation over 32 MB back to the kernel when
+    it is freed, so each vocabulary-sized logits tensor (512 tokens x 151,936 floats: 311 MB) was faulted in page by
+    page again: exit_profile took 212 s, 2 min 42 s of it in the kernel, and 101 s with tcmalloc (18 s in the
+    kernel), same outputs."""
+
 
 class DaskParams(StrictModel):
     """Where the embarrassingly parallel sweeps (the perf DB) run: ``dask.distributed`` workers. Execution settings,
@@ -344,6 +351,12 @@ class TrainExitsParams(StrictModel):
     seed: int = Field(default=0, ge=0)
     """Seed of the query split and of training."""
 
+    dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    """Precision of the frozen backbone's passes: the forward pass that caches the hidden states and the teacher's
+    distributions, and the vocabulary projection of the held-out evaluation. ``bfloat16`` runs them as the engine
+    serves the model (packed for oneDNN where the CPU has bfloat16 kernels), so the heads learn the served model's
+    final layer; the heads themselves always train and are saved in float32."""
+
     output_dir: str = "model_repository/exits"
     """Folder of the exit checkpoints: ``<output_dir>/<hf id>/`` (a DVC output)."""
 
@@ -391,9 +404,10 @@ class ExitProfileParams(StrictModel):
     """A token "exits early" when it is confident at an exit no deeper than this share of the layers."""
 
     dtype: Literal["float32", "bfloat16"] = "bfloat16"
-    """Precision of the profiling pass: ``bfloat16`` runs the matrix products under torch's CPU autocast (the
-    weights stay float32; norms and softmax stay float32), as the models are served; float32 is exact. On this
-    CPU (AVX512-BF16, two threads) the stage took 246 s instead of 339 s, with every observation within 0.02."""
+    """Precision of the profiling pass: ``bfloat16`` loads the model and its heads as the engine serves them
+    (bfloat16 weights packed for oneDNN, :meth:`~exitplan.earlyexit.partial_model.EarlyExitLM.for_inference`);
+    float32 is exact. Under torch's CPU autocast instead (float32 weights) the stage took 246 s here instead of 339
+    s in float32, with every observation within 0.02."""
 
     output_dir: str = "data/exit_profile"
     """Folder of ``profile.parquet`` (per token: model, data set, first confident exit per threshold)."""

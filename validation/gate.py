@@ -20,7 +20,7 @@ import pandas as pd
 
 from exitplan.atomic import write_json, write_parquet
 from exitplan.config import Params
-from exitplan.runtime import stage_params
+from exitplan.runtime import preload_tcmalloc, stage_params
 from exitplan.tracking import log_stage_run
 from serving.engine.telemetry import REQUEST_COLUMNS
 from validation import suites
@@ -174,4 +174,6 @@ def describe(report: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    print(describe(main(stage_params("gate", sys.argv[1:]))))
+    loaded = stage_params("gate", sys.argv[1:])
+    preload_tcmalloc(loaded, "gate")
+    print(describe(main(loaded)))

@@ -62,3 +62,44 @@ def module_bytes(module: nn.Module) -> int:
             seen.add(id(p))
             total += p.nbytes
     return total + sum(m.weight_bytes for m in module.modules() if isinstance(m, PackedLinear))
+
+
+class _Projection(torch.autograd.Function):
+    """``x @ W.T`` through packed bfloat16 weights, differentiable in ``x`` only (``W`` is frozen)."""
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor, forward: PackedLinear, backward: PackedLinear) -> torch.Tensor:
+        ctx.backward, ctx.dtype = backward, x.dtype  # type: ignore[attr-defined]
+        return forward(x.to(torch.bfloat16))
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        back = ctx.backward(grad.to(torch.bfloat16))  # type: ignore[attr-defined]
+        return back.to(ctx.dtype), None, None  # type: ignore[attr-defined]
+
+
+class FrozenProjection(nn.Module):
+    """A frozen ``nn.Linear`` (no bias) packed in bfloat16 both ways, so that gradients flow to its input at packed
+    speed: the forward pass multiplies by ``W`` and the backward pass by ``W.T``, each reordered once (twice the
+    layer's bfloat16 bytes). For distilling exit heads through a model's vocabulary head, the largest matmul of a
+    training step. Returns bfloat16; the input's gradient comes back in the input's dtype.
+
+    Args:
+        linear: The layer (its weight is copied; it may be float32).
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        weight = linear.weight.detach().to(torch.bfloat16)
+        self.forward_packed = PackedLinear(_linear(weight))
+        self.backward_packed = PackedLinear(_linear(weight.t().contiguous()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T`` (bfloat16), differentiable in ``x``."""
+        return _Projection.apply(x, self.forward_packed, self.backward_packed)
+
+
+def _linear(weight: torch.Tensor) -> nn.Linear:
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype)
+    layer.weight = nn.Parameter(weight, requires_grad=False)
+    return layer

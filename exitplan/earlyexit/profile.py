@@ -86,12 +86,12 @@ def trace_kinds(model: Any, chunks: Any, exit_layers: Sequence[int], heads: Mapp
                 for i, e in enumerate(exit_layers):
                     hidden = outputs[e - 1]
                     head = mine.get(e)
-                    logits = model.model.lm_head(model.model.model.norm(head(hidden) if head else hidden)).float()
+                    logits = model.logits(hidden, head)
                     for key, value in (("conf", confidence_of(logits, kind).flatten().numpy()),
                                        ("top", logits.argmax(-1).flatten().numpy()),
                                        ("nll", _next_token_nll(logits, batch))):
                         rec[key].append((i, value))
-            last = model.model.lm_head(model.model.model.norm(outputs[-1])).float()
+            last = model.logits(outputs[-1])
             final.append(last.argmax(-1).flatten().numpy())
             final_nll.append(_next_token_nll(last, batch))
 

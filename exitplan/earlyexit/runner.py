@@ -220,8 +220,8 @@ class PagedRunner:
         return head(x)
 
     def logits(self, mapped: torch.Tensor) -> torch.Tensor:
-        """Final norm and LM head."""
-        return self.model.model.lm_head(self.inner.norm(mapped)).float()
+        """Final norm and LM head (:meth:`EarlyExitLM.logits`)."""
+        return self.model.logits(mapped)
 
     @torch.no_grad()
     def forward_exits(self, works: Sequence[Work], upto: int, exits: Mapping[int, nn.Module | None],

@@ -69,17 +69,18 @@ def tokenize_chunks(tokenizer: Any, texts: Sequence[str], length: int, count: in
 @torch.no_grad()
 def collect(model: EarlyExitLM, chunks: torch.Tensor, exit_layers: Sequence[int], top_k: int = 64,
             batch_size: int = 4) -> ExitCache:
-    """Run the full model over ``chunks`` once and cache what fitting and evaluating the exits need."""
+    """Run the full model over ``chunks`` once and cache what fitting and evaluating the exits need (in float32,
+    whatever the model's dtype)."""
     hidden: dict[int, list[torch.Tensor]] = {e: [] for e in exit_layers}
     finals, indices, logprobs = [], [], []
     for start in range(0, len(chunks), batch_size):
         batch = chunks[start:start + batch_size]
         outputs = model.layer_outputs(batch)
         for e in exit_layers:
-            hidden[e].append(outputs[e - 1])
+            hidden[e].append(outputs[e - 1].float())
         final = outputs[-1]
-        finals.append(final)
-        teacher = model.model.lm_head(model.model.model.norm(final)).float().log_softmax(-1)
+        finals.append(final.float())
+        teacher = model.logits(final).log_softmax(-1)
         top = teacher.topk(top_k, dim=-1)
         indices.append(top.indices)
         logprobs.append(top.values)
@@ -120,8 +121,7 @@ def full_softmax_ce(model: EarlyExitLM, mapped: torch.Tensor, index: torch.Tenso
     tokens outside the teacher's top-k is penalised; it equals KL(teacher || student) up to the teacher's entropy
     when the top-k holds the teacher's mass. Costs one vocabulary projection per token.
     """
-    logits = model.model.lm_head(model.model.model.norm(mapped)).float()
-    student = logits.log_softmax(-1).gather(-1, index)
+    student = model.logits(mapped).log_softmax(-1).gather(-1, index)
     teacher = teacher_logprob.softmax(-1)
     return -(teacher * student).sum(-1).mean()
 
@@ -188,7 +188,7 @@ def perplexity(model: EarlyExitLM, cache: ExitCache, batch_size: int = 4) -> flo
     """Perplexity of the full model (its last layer) on the cached chunks' next tokens."""
     nll = []
     for start in range(0, len(cache.tokens), batch_size):
-        logits = model.model.lm_head(model.model.model.norm(cache.final_hidden[start:start + batch_size])).float()
+        logits = model.logits(cache.final_hidden[start:start + batch_size])
         targets = cache.tokens[start:start + batch_size][:, 1:]
         nll.append(F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), targets.reshape(-1),
                                    reduction="none"))
@@ -212,7 +212,7 @@ def evaluate_exit(model: EarlyExitLM, cache: ExitCache, exit_layer: int, head: t
         sl = slice(start, start + batch_size)
         hidden = cache.hidden[exit_layer][sl]
         mapped = head(hidden) if head is not None else hidden
-        logits = model.model.lm_head(model.model.model.norm(mapped)).float()
+        logits = model.logits(mapped)
         agree.append((logits.argmax(-1) == cache.teacher_index[sl][..., 0]).flatten())
         conf.append(confidence(logits, confidence_kind).flatten())
         kls.append(topk_kl(model, mapped, cache.teacher_index[sl], cache.teacher_logprob[sl]).reshape(1))

@@ -97,12 +97,12 @@ def trace_models(params: Params) -> tuple[dict[str, dict[str, Any]], dict[str, n
         checkpoint = params.fetched(name)
         tokenizers[name] = (checkpoint / "tokenizer.json").read_bytes()
         chunks, labels[name] = _held_out_chunks(params, AutoTokenizer.from_pretrained(str(checkpoint)))
-        model = EarlyExitLM.from_pretrained(checkpoint)
+        model = EarlyExitLM.for_inference(checkpoint, dtype=getattr(torch, section.dtype))  # as the engine runs it
+        model.pack_vocab()
         heads = {}
         for kind in section.head_kinds:
             exit_layers, heads[kind] = read_heads(model, params.path(params.train_exits.output_dir) / name, kind)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=section.dtype == "bfloat16"):
-            traces[name] = trace_kinds(model, chunks, exit_layers, heads, section.confidence)
+        traces[name] = trace_kinds(model, chunks, exit_layers, heads, section.confidence)
         del model, heads
     return traces, labels, tokenizers
 

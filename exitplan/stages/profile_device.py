@@ -17,16 +17,18 @@ STAGE = "profile_device"
 
 
 def catalog_model(params: Params, name: str) -> Any:
-    """The catalog entry of ``name`` with the element size it runs in here (``fetch_models.dtype``)."""
+    """The catalog entry of ``name`` with the element size the engine serves it in (``helios.dtype``)."""
     from exitplan.catalog import load_catalog
 
-    size = {"float32": 4, "bfloat16": 2, "float16": 2}[params.fetch_models.dtype]
+    size = {"float32": 4, "bfloat16": 2, "float16": 2}[params.helios.dtype]
     return load_catalog(params.path(params.catalog)).model(name).model_copy(update={"dtype_bytes": size})
 
 
 def main(params: Params) -> dict[str, Any]:
-    """Time every model of ``profile_device.models``; fit the device; write the points, the entry and metrics."""
+    """Time every model of ``profile_device.models`` as the engine serves it (``helios.dtype``, packed where that
+    gains); fit the device; write the points, the entry and metrics."""
     import psutil
+    import torch
 
     from exitplan.earlyexit.partial_model import EarlyExitLM
     from exitplan.profiling.device import measure
@@ -35,7 +37,7 @@ def main(params: Params) -> dict[str, Any]:
     started = time.perf_counter()
     rows = []
     for name in section.models:
-        model = EarlyExitLM.from_pretrained(params.checkpoint_path(name))
+        model = EarlyExitLM.for_inference(params.checkpoint_path(name), dtype=getattr(torch, params.helios.dtype))
         depths = sorted({model.num_layers, *([max(1, round(model.num_layers * section.partial_depth))]
                                              if section.partial_depth else [])})
         for row in measure(model, section.batch_sizes, section.contexts, section.prefill_lengths, section.repeats,

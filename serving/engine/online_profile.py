@@ -22,7 +22,7 @@ from exitplan.atomic import write_json, write_parquet
 from exitplan.config import Params
 from exitplan.profiling.pht import PerformanceHistoryTable
 from exitplan.quality import chat_prompts, held_out_texts
-from exitplan.runtime import stage_params
+from exitplan.runtime import preload_tcmalloc, stage_params
 from exitplan.tracking import log_stage_run
 from serving.engine.engine import Engine
 from serving.engine.factory import candidates, engine_config, requests, stop_ids
@@ -89,6 +89,8 @@ def main(params: Params) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    result = main(stage_params("online_profile", sys.argv[1:]))
+    loaded = stage_params("online_profile", sys.argv[1:])
+    preload_tcmalloc(loaded, "online_profile")
+    result = main(loaded)
     print(f"online_profile: serving {result['served_model']} at exit {result['served_exit_layer']} "
           f"(breach rate {result['breach_rate']:.3f}) on {result['requests']} requests from {result['source']}")

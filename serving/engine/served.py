@@ -10,7 +10,7 @@ from pathlib import Path
 from torch import nn
 
 from exitplan.earlyexit.kv_pool import KVPool
-from exitplan.earlyexit.packed import can_pack, module_bytes
+from exitplan.earlyexit.packed import module_bytes
 from exitplan.earlyexit.partial_model import EarlyExitLM
 from exitplan.earlyexit.runner import PagedRunner, kv_shape
 from exitplan.errors import ExitplanError
@@ -74,9 +74,7 @@ class ServedModel:
         started = time.perf_counter()
         import torch
 
-        model = EarlyExitLM.from_pretrained(candidate.checkpoint, layers, dtype=getattr(torch, candidate.dtype))
-        if can_pack(getattr(torch, candidate.dtype)):
-            model.pack()
+        model = EarlyExitLM.for_inference(candidate.checkpoint, layers, getattr(torch, candidate.dtype))
         heads: dict[int, nn.Module] = {}
         if candidate.exits_dir is not None:
             _, available = read_heads(model, candidate.exits_dir, candidate.head_kind)

@@ -53,3 +53,29 @@ def test_stage_params_errors_name_the_problem(params_file: Path, tmp_path: Path)
     bad.write_text(yaml.safe_dump(tree))
     with pytest.raises(ConfigError, match="model_threds"):
         stage_params("gate", ["--params", str(bad)])
+
+
+def test_a_model_stage_re_executes_itself_once_with_tcmalloc(params_file: Path, monkeypatch, tmp_path: Path) -> None:
+    """preload_tcmalloc re-runs the same command line with the library first in LD_PRELOAD, for model stages only,
+    and not when it is already there or the knob is off."""
+    from exitplan import runtime
+
+    library = tmp_path / "libtcmalloc_minimal.so.4"
+    library.write_bytes(b"")
+    monkeypatch.setattr(runtime, "TCMALLOC", library)
+    calls = []
+    monkeypatch.setattr(runtime.os, "execve", lambda exe, argv, env: calls.append((exe, argv, env)))
+    monkeypatch.setenv("LD_PRELOAD", "/opt/other.so")
+    params = stage_params("plan", ["--params", str(params_file)])
+    runtime.preload_tcmalloc(params, "plan")
+    assert calls == []
+    runtime.preload_tcmalloc(params, "exit_profile")
+    (exe, argv, env), = calls
+    assert exe == runtime.sys.executable and argv[1:] == runtime.sys.orig_argv[1:]
+    assert env["LD_PRELOAD"] == f"{library}:/opt/other.so"
+    monkeypatch.setenv("LD_PRELOAD", env["LD_PRELOAD"])
+    runtime.preload_tcmalloc(params, "exit_profile")
+    monkeypatch.setenv("LD_PRELOAD", "")
+    runtime.preload_tcmalloc(params.model_copy(update={"runtime": params.runtime.model_copy(
+        update={"preload_tcmalloc": False})}), "gate")
+    assert len(calls) == 1

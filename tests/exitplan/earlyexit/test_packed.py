@@ -8,7 +8,7 @@ from torch import nn
 
 from exitplan.earlyexit.heads import make_head
 from exitplan.earlyexit.kv_pool import KVPool
-from exitplan.earlyexit.packed import PackedLinear, can_pack, module_bytes, pack
+from exitplan.earlyexit.packed import FrozenProjection, PackedLinear, can_pack, module_bytes, pack
 from exitplan.earlyexit.partial_model import EarlyExitLM
 from exitplan.earlyexit.runner import PagedRunner, Work, attend, kv_shape
 
@@ -23,6 +23,24 @@ def test_a_packed_linear_gives_the_same_bits_for_any_rows_and_counts_its_bytes()
     for shape in [(1, 96), (5, 96), (33, 96), (2, 7, 96)]:
         x = torch.randn(shape, dtype=torch.bfloat16)
         assert torch.equal(packed(x), F.linear(x, linear.weight, linear.bias))
+
+
+def test_a_frozen_projection_gives_the_linear_products_and_the_input_gradient() -> None:
+    """Forward ``x @ W.T`` and backward ``g @ W`` through the two packed copies, equal to bfloat16 ``F.linear``'s
+    (same kernels), with the gradient returned in the input's dtype and none for the frozen weight."""
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 500, bias=False)
+    projection = FrozenProjection(linear)
+    x = torch.randn(3, 7, 96, requires_grad=True)
+    out = projection(x)
+    weight = linear.weight.detach().to(torch.bfloat16)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, F.linear(x.detach().to(torch.bfloat16), weight))
+    grad = torch.randn(3, 7, 500)
+    out.float().backward(grad)
+    assert x.grad is not None and x.grad.dtype == torch.float32
+    expected = (grad.to(torch.bfloat16).reshape(-1, 500) @ weight).float().reshape(3, 7, 96)
+    assert torch.allclose(x.grad, expected, rtol=2e-2, atol=2e-2)
+    assert not any(p.requires_grad for p in projection.parameters())
 
 
 def test_only_bfloat16_is_packed() -> None:

@@ -66,3 +66,21 @@ def test_confidence_measures() -> None:
     assert confidence(logits, "entropy")[0] > 0.9
     with pytest.raises(ExitplanError, match="unknown confidence"):
         confidence(logits, "vibes")
+
+
+def test_logits_through_the_packed_vocabulary_match_the_lm_head_and_pass_gradients(tiny_checkpoint,
+                                                                                    smollm2_tokenizer) -> None:
+    """pack_vocab: mostly the same top tokens as the float32 LM head (a tiny random model has near ties), logits within bfloat16 rounding, and a gradient that
+    reaches the exit's hidden state (block heads distil through it)."""
+    path, _ = tiny_checkpoint
+    model = EarlyExitLM.from_pretrained(path)
+    hidden = model.layer_outputs(_ids(smollm2_tokenizer))[2]
+    exact = model.logits(hidden)
+    model.pack_vocab()
+    assert model.vocab is not None
+    mine = hidden.clone().requires_grad_(True)
+    fast = model.logits(mine)
+    assert fast.dtype == torch.float32 and (fast.argmax(-1) == exact.argmax(-1)).float().mean() >= 0.9
+    assert torch.allclose(fast, exact, rtol=0.05, atol=0.05 * float(exact.abs().max()))
+    fast.log_softmax(-1)[..., 0].sum().backward()
+    assert mine.grad is not None and float(mine.grad.abs().sum()) > 0
