@@ -34,6 +34,24 @@ class ReproResult:
     output: str
 
 
+def stage_names(root: Path) -> list[str]:
+    """The stages of ``root``'s ``dvc.yaml`` in the order written there (a ``foreach`` stage by its name, which
+    ``dvc repro`` runs for every item): the pipeline's one list of its stages.
+
+    Raises:
+        PipelineError: if dvc.yaml is missing or has no stages.
+    """
+    import yaml
+
+    path = root / "dvc.yaml"
+    if not path.is_file():
+        raise PipelineError(f"no dvc.yaml in {root}")
+    stages = (yaml.safe_load(path.read_text()) or {}).get("stages") or {}
+    if not isinstance(stages, dict) or not stages:
+        raise PipelineError(f"{path} defines no stages")
+    return list(stages)
+
+
 def dvc_executable() -> str:
     """The ``dvc`` of this environment (beside the running Python), else the one on PATH."""
     beside = Path(sys.executable).with_name("dvc")

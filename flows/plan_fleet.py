@@ -3,8 +3,9 @@
 Validate params -> fetch the embedded models -> prepare the workloads -> import the labels of models that cannot
 run here (AlpacaEval annotations, when present) -> build the perf DB (simulation) -> train
 exit heads -> exit profile -> device profile -> candidate selection -> quality labels -> co-optimised plan (MLflow
-alias ``challenger``) -> the truncated checkpoints of partial vLLM replicas -> HELIOS online profiling (the PHT) -> gates -> promotion (alias ``champion``). Each stage runs
-only if DVC finds it stale, so a re-run after a failure does only what is missing.
+alias ``challenger``) -> the truncated checkpoints of partial vLLM replicas -> HELIOS online profiling (the PHT) ->
+gates -> promotion (alias ``champion``). The stages are dvc.yaml's, in its order (``exitplan.pipeline.stage_names``);
+each runs only if DVC finds it stale, so a re-run after a failure does only what is missing.
 """
 
 from __future__ import annotations
@@ -14,13 +15,8 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 
 from exitplan.pipeline import ReproResult
-from tasks.pipeline import check_config, push_outputs, repro_stage, summarize
+from tasks.pipeline import check_config, list_stages, push_outputs, repro_stage, summarize
 from tasks.reprofile import promote_plan
-
-STAGES = ("fetch_models", "prepare_workload", "import_labels", "profile_vllm", "build_perf_db", "train_exits",
-          "exit_profile", "profile_device", "select_candidates", "label_quality", "plan", "partial_checkpoints",
-          "online_profile", "gate")
-"""The file-to-file stages of dvc.yaml, in order."""
 
 
 @flow(name="plan_fleet", log_prints=True)
@@ -30,7 +26,7 @@ def plan_fleet(params_path: str = "params.yaml", stages: list[str] | None = None
     (raises, naming every failed expectation, if not), push the outputs to the DVC remote (``push``), and report
     where outputs are."""
     params = check_config(Path(params_path))
-    results = [repro_stage(stage, params.root) for stage in (stages or STAGES)]
+    results = [repro_stage(stage, params.root) for stage in (stages or list_stages(params.root))]
     logger = get_run_logger()
     for result in results:
         logger.info("%s: %s", result.target, ", ".join(result.ran) or "up to date")

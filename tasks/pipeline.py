@@ -7,13 +7,19 @@ from pathlib import Path
 from prefect import task
 
 from exitplan.config import Params, load_params
-from exitplan.pipeline import ReproResult, push, repro
+from exitplan.pipeline import ReproResult, push, repro, stage_names
 
 
 @task(name="check-config")
 def check_config(params_path: Path) -> Params:
     """Validate params.yaml (and the models it names against the catalog) before any stage runs."""
     return load_params(params_path)
+
+
+@task(name="list-stages")
+def list_stages(root: Path) -> list[str]:
+    """The stages of dvc.yaml, in its order (the flow runs each through ``dvc repro``)."""
+    return stage_names(root)
 
 
 @task(name="dvc-repro")

@@ -13,7 +13,7 @@ import yaml
 
 from exitplan import REPO_ROOT
 from exitplan.errors import PipelineError
-from exitplan.pipeline import dvc_executable, repro
+from exitplan.pipeline import dvc_executable, repro, stage_names
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
@@ -110,32 +110,30 @@ def flow_results(repo: Path, prefect_harness: None):
 
 
 def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) -> None:
-    assert [r.target for r in flow_results] == ["fetch_models", "prepare_workload", "import_labels", "profile_vllm",
-                                                  "build_perf_db", "train_exits", "exit_profile", "profile_device",
-                                                  "select_candidates", "label_quality", "plan",
-                                                  "partial_checkpoints", "online_profile", "gate"]
-    assert set(flow_results[0].ran) == {f"fetch_models@{SMOLLM2}", f"fetch_models@{MINILM}"}
-    assert flow_results[1].ran == ["prepare_workload"]
-    assert flow_results[2].ran == ["import_labels"]  # the annotation folder is absent here: empty tables
+    assert [r.target for r in flow_results] == stage_names(repo)  # dvc.yaml's stages, in its order
+    ran = {r.target: r.ran for r in flow_results}
+    assert set(ran["fetch_models"]) == {f"fetch_models@{SMOLLM2}", f"fetch_models@{MINILM}"}
+    assert ran["prepare_workload"] == ["prepare_workload"]
+    assert ran["import_labels"] == ["import_labels"]  # the annotation folder is absent here: empty tables
     imported = json.loads((repo / "reports" / "import_labels" / "metrics.json").read_text())
     assert "no AlpacaEval annotations at" in imported["skipped"]
     assert pd.read_parquet(repo / "data" / "imported_labels" / "labels.parquet").empty
-    assert flow_results[3].ran == ["profile_vllm"]  # a real vLLM replica of SmolLM2, timed through its API
+    assert ran["profile_vllm"] == ["profile_vllm"]  # a real vLLM replica of SmolLM2, timed through its API
     vllm_steps = pd.read_parquet(repo / "data" / "vllm_profile" / "steps.parquet")
     assert len(vllm_steps) == 2 * 1 + 2 and (vllm_steps["seconds"] > 0).all()
     vllm_device = yaml.safe_load((repo / "data" / "vllm_profile" / "device.yaml").read_text())
     assert vllm_device["gpu"]["id"] == "vllm-cpu" and vllm_device["engine"]["block_size"] == 32
-    assert flow_results[4].ran == ["build_perf_db"]
+    assert ran["build_perf_db"] == ["build_perf_db"]
     db = pd.read_parquet(repo / "data" / "perf_db" / "perf_db.parquet")
     assert set(db["model"]) == {SMOLLM2, "meta-llama/Llama-2-7b-hf"}
     local = db[db["gpu"] == "vllm-cpu"]  # this machine's vLLM replicas of the profiled model, on their own grid
     assert set(local["model"]) == {SMOLLM2} and set(local["qps"]) == {0.5, 1.0}
     assert set(db[db["gpu"] != "vllm-cpu"]["qps"]) == {1.0, 4.0}
     assert (repo / "reports" / "build_perf_db" / "plots").is_dir()
-    assert flow_results[5].ran == [f"train_exits@{SMOLLM2}"]
+    assert ran["train_exits"] == [f"train_exits@{SMOLLM2}"]
     exits = repo / "model_repository" / "exits" / SMOLLM2
     assert {p.name for p in exits.iterdir()} == {"exits.json", "affine.safetensors", "block.safetensors"}
-    assert flow_results[6].ran == ["exit_profile"]
+    assert ran["exit_profile"] == ["exit_profile"]
     profile = pd.read_parquet(repo / "data" / "exit_profile" / "profile.parquet")
     # 2 kinds x 2 thresholds x (2 data sets x 2 chunks x 32 tokens); exits at 10, 20 and 28 (= 30 - 2)
     assert len(profile) == 2 * 2 * 2 * 2 * 32 and set(profile["first_exit"]) <= {10, 20, 28, 30}
@@ -144,7 +142,7 @@ def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) 
     assert set(curves["exit_layer"]) == {10, 20, 28} and set(curves["dataset"]) == {"all", "gsm8k", "humaneval"}
     observations = pd.read_csv(repo / "reports" / "exit_profile" / "observations.csv")
     assert len(observations) == 2 * 3 * 2  # kinds x data sets (and all) x thresholds
-    assert flow_results[7].ran == ["profile_device"] and flow_results[8].ran == ["select_candidates"]
+    assert ran["profile_device"] == ["profile_device"] and ran["select_candidates"] == ["select_candidates"]
     steps = pd.read_parquet(repo / "data" / "device_profile" / "steps.parquet")
     assert len(steps) == 2 * (2 * 1 + 2)  # (full and half depth) x (2 decode batches x 1 context + 2 prefills)
     device = yaml.safe_load((repo / "data" / "device_profile" / "device.yaml").read_text())
@@ -164,7 +162,7 @@ def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) 
     metrics = json.loads((repo / "reports" / "plan" / "metrics.json").read_text())
     assert "supply" in metrics["skipped"]["unlabelled"] or "label" in metrics["skipped"]["unlabelled"]
     assert (repo / "model_repository" / "checkpoints" / SMOLLM2 / "model.safetensors").is_file()
-    assert flow_results[11].ran == ["partial_checkpoints"]  # SmolLM2 cut to 15 of its 30 layers, in vllm.dtype
+    assert ran["partial_checkpoints"] == ["partial_checkpoints"]  # SmolLM2 cut to 15 of its 30 layers, in vllm.dtype
     cut = json.loads((repo / "data" / "partial" / f"{SMOLLM2}-L15" / "config.json").read_text())
     assert cut["num_hidden_layers"] == 15 and cut["torch_dtype"] == "bfloat16"
     trace = pd.read_parquet(repo / "data" / "workload" / "trace_small.parquet")
