@@ -329,10 +329,8 @@ def deploy(
     """Render the champion plan as vLLM launch files per GPU host (the bundle, with the CUDA vLLM lock); start a
     local fleet (replicas of the plan models that run here, on our engine or on vLLM, + the coordinator, on
     loopback), wait for health, send a smoke request through the coordinator with the ``openai`` client."""
-    import os
-    import time
-
-    from exitplan.deploy import render_champion, smoke, start_local
+    from exitplan.deploy import render_champion
+    from exitplan.local_fleet import serve
 
     loaded = _params(params)
     if backend is not None:
@@ -346,21 +344,10 @@ def deploy(
     for name in rendered.missing_partials:
         console.print(f"partial replica {name}: its model is not fetched here; on its host run `exitplan truncate "
                       f"<checkpoint> models/{name} --layers {name.rsplit('-L', 1)[1]}` beside the launch file")
-    if render_only:
-        return
-    out = loaded.path(loaded.deploy.output_dir)
-    fleet = start_local(loaded, rendered.plan, rendered.router, out)
-    try:
-        answer = smoke(fleet.coordinator_url, loaded.deploy.fleet_name, os.environ.get(loaded.deploy.api_key_env))
-        console.print(f"coordinator {fleet.coordinator_url}; replicas {fleet.replica_urls}")
-        console.print(f"smoke request: served by {answer['served_by']} in {answer['seconds']:.2f} s: "
-                      f"{answer['text']!r}")
-        while keep:
-            time.sleep(1)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        fleet.stop()
+    if not render_only:
+        serve(loaded, rendered, keep, lambda fleet, answer: console.print(
+            f"coordinator {fleet.coordinator_url}; replicas {fleet.replica_urls}\n"
+            f"smoke request: served by {answer['served_by']} in {answer['seconds']:.2f} s: {answer['text']!r}"))
 
 
 def _with_backend(params: Any, backend: str) -> Any:

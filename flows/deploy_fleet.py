@@ -7,15 +7,13 @@ stops it, draining in-flight requests). By hand: ``exitplan deploy`` or ``python
 
 from __future__ import annotations
 
-import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 
-from tasks.deploy import render_deployment, smoke_request, start_local_fleet
+from tasks.deploy import render_deployment, serve_local_fleet
 from tasks.pipeline import check_config
 
 
@@ -31,19 +29,8 @@ def deploy_fleet(params_path: str = "params.yaml", serve: bool = True, keep_runn
                               "replicas": len(rendered.replicas)}
     print(f"champion v{rendered.version}: {len(rendered.replicas)} vLLM replicas rendered into "
           f"{params.path(params.deploy.output_dir)}")
-    if not serve:
-        return result
-    fleet = start_local_fleet(params, rendered)
-    try:
-        answer = smoke_request(fleet.coordinator_url, params.deploy.fleet_name,
-                               os.environ.get(params.deploy.api_key_env))
-        print(f"local fleet at {fleet.coordinator_url} (replicas {fleet.replica_urls}); smoke request served by "
-              f"{answer['served_by']} in {answer['seconds']:.2f} s: {answer['text']!r}")
-        result.update(coordinator=fleet.coordinator_url, smoke=answer, local_replicas=fleet.replica_urls)
-        while keep_running:
-            time.sleep(1)
-    finally:
-        fleet.stop()
+    if serve:
+        result.update(serve_local_fleet(params, rendered, keep_running))
     return result
 
 

@@ -1,4 +1,4 @@
-"""Tasks of deployment: render the champion, start the local fleet, smoke-test it."""
+"""Tasks of deployment: render the champion; serve the local fleet (start, smoke-test, keep, stop)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from prefect import task
 
 from exitplan.config import Params
-from exitplan.deploy import LocalFleet, Rendered
+from exitplan.deploy import Rendered
 
 
 @task(name="render-deployment")
@@ -18,17 +18,12 @@ def render_deployment(params: Params) -> Rendered:
     return render_champion(params)
 
 
-@task(name="start-local-fleet")
-def start_local_fleet(params: Params, rendered: Rendered) -> LocalFleet:
-    """Engine servers for the plan models that run here, and the coordinator, healthy."""
-    from exitplan.deploy import start_local
+@task(name="serve-local-fleet")
+def serve_local_fleet(params: Params, rendered: Rendered, keep_running: bool = False) -> dict[str, Any]:
+    """The plan models that run here and the coordinator: started, smoke-tested through the coordinator, kept up
+    while ``keep_running`` (until Ctrl-C), stopped (:func:`exitplan.local_fleet.serve`)."""
+    from exitplan.local_fleet import serve
 
-    return start_local(params, rendered.plan, rendered.router, params.path(params.deploy.output_dir))
-
-
-@task(name="smoke-request", retries=2, retry_delay_seconds=5)
-def smoke_request(url: str, model: str, api_key: str | None) -> dict[str, Any]:
-    """One completion through the coordinator."""
-    from exitplan.deploy import smoke
-
-    return smoke(url, model, api_key)
+    return serve(params, rendered, keep_running, lambda fleet, answer: print(
+        f"local fleet at {fleet.coordinator_url} (replicas {fleet.replica_urls}); smoke request served by "
+        f"{answer['served_by']} in {answer['seconds']:.2f} s: {answer['text']!r}"))
