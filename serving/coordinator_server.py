@@ -62,16 +62,19 @@ def read_fleet(path: Path) -> dict[str, Any]:
 
 def main() -> None:
     """Parse arguments, build the app, serve it until SIGTERM (draining first)."""
+    from exitplan.config import DeployParams
     from exitplan.errors import ExitplanError
-    from serving.guard import API_KEY_ENV, read_api_key
+    from serving.guard import read_api_key
     from serving.lifecycle import serve_forever
     from serving.process import PORT, arguments, fail
 
+    defaults = DeployParams()  # the deploy section's defaults: one declaration of each knob
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--fleet", type=Path, required=True)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=PORT, default=8000)
-    parser.add_argument("--api-key-env", default=API_KEY_ENV, help="Variable holding the API key.")
+    parser.add_argument("--host", default=defaults.host, help="Address (default: deploy.host's default).")
+    parser.add_argument("--port", type=PORT, default=defaults.coordinator_port,
+                        help="Port (default: deploy.coordinator_port's default).")
+    parser.add_argument("--api-key-env", default=defaults.api_key_env, help="Variable holding the API key.")
     parser.add_argument("--api-key-file", type=Path, default=None, help="File holding the API key.")
     args = arguments(parser)
     try:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exitplan.config import DeployParams
 from exitplan.errors import ExitplanError
 from serving.openai_schema import error_body
 
@@ -33,8 +34,8 @@ OPEN_PATHS = frozenset({"/health"})
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 """Largest request body accepted (1 MiB: a prompt far longer than any context these servers hold)."""
 
-API_KEY_ENV = "EXITPLAN_API_KEY"
-"""Environment variable the servers read their API key from (``DeployParams.api_key_env`` names it for deploy)."""
+API_KEY_ENV: str = DeployParams.model_fields["api_key_env"].default
+"""Environment variable the servers read their API key from by default: ``deploy.api_key_env``'s default."""
 
 
 def read_api_key(env_var: str = API_KEY_ENV, file: Path | None = None) -> str | None:
