@@ -24,7 +24,7 @@ export PREFECT_HOME ?= $(CURDIR)/.cache/prefect
 # The CPU build of torch lies on this machine's disk (/opt/wheels); a plain index install would pull CUDA.
 PIP_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: run test venv lock clean-venv infra-up infra-down infra-status vllm-env vllm-lock
+.PHONY: run test lint venv lock clean-venv infra-up infra-down infra-status vllm-env vllm-lock
 
 venv: $(STAMP)
 
@@ -65,9 +65,13 @@ run:
 	# re-profiling once, on the gate's HELIOS telemetry (held-out prompts served from the PHT): the drift tests
 	$(BIN)/python -m flows.reprofile_fleet reports/gates/telemetry.parquet
 
-test: venv vllm-env
+test: venv vllm-env lint
 	mkdir -p $(PREFECT_HOME)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# ruff's rule sets (pyproject.toml [tool.ruff.lint]) on the whole tree; `make test` runs it first.
+lint: venv
+	$(BIN)/ruff check .
 
 # The production profile (README "Running as a service"): PostgreSQL, Prefect and MLflow servers, the work pool and a
 # worker on 127.0.0.1, with the deployments of prefect.yaml registered. State under .infra/ (git-ignored).

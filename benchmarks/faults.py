@@ -14,10 +14,10 @@ model (so the victim carries streams when it dies). On that load:
    model, a prompt that cannot fit the context.
 
 Every request is classified from the client's side: answered (a whole answer, or a stream with one finish and
-``[DONE]``), refused (429, 503 or another 4xx, with an OpenAI error body), ended by an error event (a stream whose replica died after its
-first byte), a 5xx, lost (no answer and no error: a connection error, a stream cut without ``[DONE]``) or
-duplicated (a stream with two finishes, or text after its error). A monitor compares the coordinator's ``/health``
-count of live small-model replicas with the truth (the victim's own ``/health``) every 50 ms; the longest
+``[DONE]``), refused (429, 503 or another 4xx, with an OpenAI error body), ended by an error event (a stream whose
+replica died after its first byte), a 5xx, lost (no answer and no error: a connection error, a stream cut without
+``[DONE]``) or duplicated (a stream with two finishes, or text after its error). A monitor compares the coordinator's
+``/health`` count of live small-model replicas with the truth (the victim's own ``/health``) every 50 ms; the longest
 disagreement is ``max_health_lie_s``.
 
 Last line: ``RESULT lost=... duplicated=... error_events=... http_5xx=... max_health_lie_s=...``.
@@ -200,15 +200,15 @@ def malformed(url: str, small: str) -> dict[str, int]:
     post = f"{url}/v1/completions"
     json_headers = {**AUTH, "content-type": "application/json"}
     cases = {
-        "bad JSON": dict(content=b'{"model": ', headers=json_headers),
-        "NaN temperature": dict(content=b'{"model": "exitplan", "prompt": "x", "temperature": NaN}',
-                                headers=json_headers),
-        "seed 2**64": dict(json={"model": small, "prompt": "x", "seed": 2**64}, headers=AUTH),
-        "2 MiB body": dict(content=b'{"prompt": "' + b"x" * (2 << 20) + b'"}', headers=json_headers),
-        "wrong key": dict(json={"model": "exitplan", "prompt": "x"}, headers={"Authorization": "Bearer nope"}),
-        "unknown model": dict(json={"model": "gpt-9", "prompt": "x"}, headers=AUTH),
-        "prompt over the context": dict(json={"model": small, "prompt": "word " * 3000, "max_tokens": 8},
-                                        headers=AUTH),
+        "bad JSON": {"content": b'{"model": ', "headers": json_headers},
+        "NaN temperature": {"content": b'{"model": "exitplan", "prompt": "x", "temperature": NaN}',
+                            "headers": json_headers},
+        "seed 2**64": {"json": {"model": small, "prompt": "x", "seed": 2**64}, "headers": AUTH},
+        "2 MiB body": {"content": b'{"prompt": "' + b"x" * (2 << 20) + b'"}', "headers": json_headers},
+        "wrong key": {"json": {"model": "exitplan", "prompt": "x"}, "headers": {"Authorization": "Bearer nope"}},
+        "unknown model": {"json": {"model": "gpt-9", "prompt": "x"}, "headers": AUTH},
+        "prompt over the context": {"json": {"model": small, "prompt": "word " * 3000, "max_tokens": 8},
+                                    "headers": AUTH},
     }
     return {name: httpx.post(post, timeout=60, **kwargs).status_code for name, kwargs in cases.items()}
 

@@ -1,21 +1,22 @@
 """The plan deployed on real vLLM replicas here, held against the simulator's prediction of the same traffic.
 
 The plan is the local scenario's (``qwen-local``: the Qwen pair on this machine's vLLM device, ``data/plan/
-qwen-local/plan.json``: its models, routing fractions, routing model and predicted P95). ``exitplan deploy``'s local path (:func:`exitplan.deploy.start_local` with ``deploy.backend: vllm``) starts
-one vLLM CPU replica per plan model this machine holds (one core each) and the coordinator in front, on loopback.
-A real trace is replayed through the coordinator: workload prompts (``queries.parquet``, their text and token
-counts) at Poisson arrivals at the scenario's load, each streamed with ``max_tokens`` = its reference answer's
-length cut at ``build_perf_db.vllm_max_output_len`` (as the plan's perf DB cut them); the client records TTFT,
-TPOT and end-to-end latency, and which model the coordinator routed it to.
+qwen-local/plan.json``: its models, routing fractions, routing model and predicted P95). ``exitplan deploy``'s local
+path (:func:`exitplan.deploy.start_local` with ``deploy.backend: vllm``) starts one vLLM CPU replica per plan model this
+machine holds (one core each) and the coordinator in front, on loopback. A real trace is replayed through the
+coordinator: workload prompts (``queries.parquet``, their text and token counts) at Poisson arrivals at the scenario's
+load, each streamed with ``max_tokens`` = its reference answer's length cut at ``build_perf_db.vllm_max_output_len`` (as
+the plan's perf DB cut them); the client records TTFT, TPOT and end-to-end latency, and which model the coordinator
+routed it to.
 
-The prediction of each request is its wait in the coordinator's routing scorer (each prompt's scoring time, its
-embedder and weights timed here alone with the replicas up and standing by, through the scorer's micro-batching
-queue) followed by the simulator's (:mod:`exitplan.vllm.simulate`: the ``vllm-cpu``
-device fitted by ``profile_vllm``, the replicas' engine knobs) of its model's replica serving exactly the requests
-routed to it, each reaching it when its score is known, with their prompt lengths and the answer lengths they got. Errors are relative, per metric:
-the median over the cells (each model and the fleet) x (P50, P95). The plan's own promise is its ``predicted_p95_s``
-(the worst loaded model's P95 from the perf DB at the plan's fractions): ``plan_p95_err`` compares it with the
-worst model's measured P95 (``fleet_p95_s``).
+The prediction of each request is its wait in the coordinator's routing scorer (each prompt's scoring time, its embedder
+and weights timed here alone with the replicas up and standing by, through the scorer's micro-batching queue) followed
+by the simulator's (:mod:`exitplan.vllm.simulate`: the ``vllm-cpu`` device fitted by ``profile_vllm``, the replicas'
+engine knobs) of its model's replica serving exactly the requests routed to it, each reaching it when its score is
+known, with their prompt lengths and the answer lengths they got. Errors are relative, per metric: the median over the
+cells (each model and the fleet) x (P50, P95). The plan's own promise is its ``predicted_p95_s`` (the worst loaded
+model's P95 from the perf DB at the plan's fractions): ``plan_p95_err`` compares it with the worst model's measured P95
+(``fleet_p95_s``).
 
 ``--quick``: 16 requests (about 5 minutes with the replicas' start-up); without it 48. ``--scenario`` to change.
 
@@ -83,7 +84,8 @@ async def replay(url: str, model: str, frame: pd.DataFrame) -> list[dict]:
 
 def routing_seconds(params, router: Path, prompts: list[str]) -> np.ndarray:
     """Seconds the coordinator's routing score takes for each prompt alone (its embedder and weights, with this
-    process's threads, which the coordinator inherits; after one warm-up): the time a request spends before it reaches a replica."""
+    process's threads, which the coordinator inherits; after one warm-up): the time a request spends before it reaches a
+    replica."""
     routing = load_router(router.read_bytes(), str(router))
     score = score_function(routing, params.checkpoint_path(routing.embedder))
     score(prompts[:1])

@@ -202,9 +202,9 @@ def main() -> None:
     print(f"{count} prompts (mean {mean - new_tokens:.0f} tokens) x {new_tokens} new tokens; memory budget "
           f"{budget / 2**30:.2f} GiB = {helios_cands[-1].name.split('/')[-1]} full weights + KV for 8 x {mean:.0f} "
           f"tokens")
-    base = dict(memory_budget_bytes=budget, block_size=h.block_size, threshold=h.threshold,
-                confidence=h.confidence, cbc_window=h.cbc_window, cbc_max=h.cbc_max,
-                profile_requests=min(h.profile_requests, max(count // 3, 1)), reprofile_every=h.reprofile_every)
+    base = {"memory_budget_bytes": budget, "block_size": h.block_size, "threshold": h.threshold,
+            "confidence": h.confidence, "cbc_window": h.cbc_window, "cbc_max": h.cbc_max,
+            "profile_requests": min(h.profile_requests, max(count // 3, 1)), "reprofile_every": h.reprofile_every}
     phases, mark = {}, time.perf_counter()
     outcomes = [run_engine("helios", helios_cands, EngineConfig(**base), batch, new_tokens, stop)]
     phases["helios"], mark = time.perf_counter() - mark, time.perf_counter()
@@ -242,7 +242,7 @@ def main() -> None:
     flat = [e for xs in exits for e in xs]
     early = sum(e < helios.num_layers for e in flat) / len(flat)
     print(f"\nHELIOS: {len(steps)} steps ({len(serving)} serving), exit layers used "
-          f"{sorted(set(s.exit_layer for s in serving))}, share of tokens exited early {early:.3f}, events: "
+          f"{sorted({s.exit_layer for s in serving})}, share of tokens exited early {early:.3f}, events: "
           + ", ".join(f"{e.kind}:{e.model.split('/')[-1]}" for e in helios.telemetry.events))
     ee = next(o for o in outcomes if o.system == "per-token EE" and o.model == served)
     full = full_of[served]

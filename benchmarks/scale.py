@@ -5,12 +5,12 @@ Usage:
     python benchmarks/scale.py            # the default perf DB of params.yaml (minutes)
     python benchmarks/scale.py --scheduler tcp://host:8786   # the 2-worker runs on a running cluster instead
 
-Each layout of the sweep is one Dask task; the tables of every run are compared row for row with the one-process
-run (``identical``). The clusters are started before the clock starts (their start-up is printed apart), so the
-ratios compare sweeping, not process start-up. The speed-up is taken against the faster of the two one-core runs
-(one process, or one Dask worker), so Dask's own overhead on one worker cannot inflate it. Target (issue "The production profile and scale-out"): speed-up of
-2 workers over 1 >= 1.7 on this machine's 2 cores. Needs prepare_workload's trace (``make run`` or
-``dvc repro prepare_workload``). Last line: ``RESULT perfdb_speedup_2w=... perfdb_s=... identical=1``.
+Each layout of the sweep is one Dask task; the tables of every run are compared row for row with the one-process run
+(``identical``). The clusters are started before the clock starts (their start-up is printed apart), so the ratios
+compare sweeping, not process start-up. The speed-up is taken against the faster of the two one-core runs (one process,
+or one Dask worker), so Dask's own overhead on one worker cannot inflate it. Target (issue "The production profile and
+scale-out"): speed-up of 2 workers over 1 >= 1.7 on this machine's 2 cores. Needs prepare_workload's trace (``make run``
+or ``dvc repro prepare_workload``). Last line: ``RESULT perfdb_speedup_2w=... perfdb_s=... identical=1``.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Each reference point in ``benchmarks/simulator_reference.csv`` names its source (URL, table, configuration) and is
 replayed through the same code path as ``exitplan simulate``. A point's role is ``calibration`` when it set an
-efficiency factor of the catalog (so its error is in-sample) or ``validation`` when nothing was fitted to it. The relative error of each is printed; the target is
-<= 10% on low-load TTFT and TPOT (and end-to-end latency at a small fixed batch, which is TPOT-dominated).
+efficiency factor of the catalog (so its error is in-sample) or ``validation`` when nothing was fitted to it. The
+relative error of each is printed; the target is <= 10% on low-load TTFT and TPOT (and end-to-end latency at a small
+fixed batch, which is TPOT-dominated).
 
 Usage:
     python benchmarks/simulator_fidelity.py [--quick]

@@ -370,7 +370,7 @@ class TrainExitsParams(StrictModel):
     def exit_layers(self, num_layers: int) -> list[int]:
         """The exit layers (1-based, increasing, all below ``num_layers``) of a model with ``num_layers`` layers."""
         every = range(self.exit_every, num_layers, self.exit_every)
-        back = (num_layers - k for k in self.exits_from_end if 1 <= num_layers - k)
+        back = (num_layers - k for k in self.exits_from_end if num_layers - k >= 1)
         return sorted({*every, *back})
 
 

@@ -11,7 +11,6 @@ sends a smoke request. Nothing here imports the serving code: the processes are 
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
@@ -29,7 +28,6 @@ from exitplan.catalog import Catalog
 from exitplan.config import EngineParams, Params
 from exitplan.errors import ExitplanError
 from exitplan.routing.router_file import ROUTER_FILE
-
 
 CUDA_LOCK = "requirements-vllm-cuda.lock"
 """The pinned CUDA vLLM of GPU hosts (in the repository root), copied into every launch bundle."""

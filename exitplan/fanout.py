@@ -1,9 +1,9 @@
 """Embarrassingly parallel sweeps on ``dask.distributed``: a local cluster sized to this machine, or a running one.
 
-A sweep is a list of independent jobs and one module-level function. With one worker and no scheduler it runs in
-this process (no cluster at all); otherwise the jobs go to Dask in batches (a dozen tasks per worker thread), so an
-existing scheduler spreads a sweep over as many machines as have workers attached (each with exitplan installed). Results come back in job order whichever
-worker finished first, so a sweep's output does not depend on how it was spread.
+A sweep is a list of independent jobs and one module-level function. With one worker and no scheduler it runs in this
+process (no cluster at all); otherwise the jobs go to Dask in batches (a dozen tasks per worker thread), so an existing
+scheduler spreads a sweep over as many machines as have workers attached (each with exitplan installed). Results come
+back in job order whichever worker finished first, so a sweep's output does not depend on how it was spread.
 """
 
 from __future__ import annotations

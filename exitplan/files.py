@@ -41,10 +41,7 @@ def read_table(path: Path, what: str, columns: Sequence[str] | None = None,
     if not path.is_file():
         raise error(f"{what} {path} not found{suffix}")
     try:
-        if path.suffix == ".parquet":
-            frame = pd.read_parquet(path)
-        else:
-            frame = pd.read_csv(path, encoding="utf-8")
+        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path, encoding="utf-8")
     except Exception as exc:  # noqa: BLE001 - pyarrow and pandas raise many types for a bad file
         raise error(f"{what} {path} cannot be read ({_first_line(exc)}){suffix}") from exc
     missing = [c for c in columns or () if c not in frame.columns]

@@ -181,4 +181,5 @@ def rollback(params: Params, to: str | None = None) -> Promotion:
     elif to not in {v["version"] for v in known}:
         raise ExitplanError(f"{name} has no version {to} (versions: {[v['version'] for v in known]})")
     tracking.set_alias(settings, params.root, name, CHAMPION, to, {"rolled_back_to_at": f"{time.time():.3f}"})
-    return Promotion(champion["version"], champion["version"], to, changes=[f"champion: v{champion['version']} -> v{to}"])
+    return Promotion(champion["version"], champion["version"], to,
+                     changes=[f"champion: v{champion['version']} -> v{to}"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from exitplan.config import Params
 
 
@@ -48,10 +47,10 @@ def outputs(params: Params) -> str:
     return f"""exitplan plan_fleet finished. Outputs:
   model checkpoints  {params.path(params.fetch_models.checkpoint_dir)}
   workloads          {params.path(params.prepare_workload.output_dir)} (queries.parquet, trace_*.parquet)
-  perf DB            {params.path(params.build_perf_db.output_dir)} (perf_db.parquet; plots: reports/build_perf_db/plots)
+  perf DB            {params.path(params.build_perf_db.output_dir)} (perf_db.parquet; plots in reports/build_perf_db/)
   exit heads         {params.path(params.train_exits.output_dir)} (agreement vs depth: reports/train_exits/)
   exit profile       {params.path(params.exit_profile.output_dir)} (tables and plots: reports/exit_profile/)
-  device profile     {params.path(params.profile_device.output_dir)} (device.yaml: the simulator's entry for this machine)
+  device profile     {params.path(params.profile_device.output_dir)} (device.yaml: this machine for the simulator)
   HELIOS candidates  {params.path(params.select_candidates.output)}
   quality labels     {params.path(params.label_quality.output_dir)}
   plans              {params.path(params.plan.output_dir)}

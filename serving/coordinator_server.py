@@ -17,8 +17,8 @@ from typing import Any
 def build(fleet: dict[str, Any], api_key: str | None = None) -> Any:
     """The coordinator app for a fleet description."""
     from exitplan.errors import ExitplanError
-    from serving.coordinator import Coordinator, Replica, ReplicaSet, ThresholdRouter, create_coordinator_app
     from exitplan.routing.router_file import load_router
+    from serving.coordinator import Coordinator, Replica, ReplicaSet, ThresholdRouter, create_coordinator_app
     from serving.scorer import BatchingScorer, score_function
 
     if not fleet.get("router") or not Path(fleet["router"]).is_file():

@@ -48,9 +48,10 @@ def _describe(result: Any) -> str:
     config = result.expectation_config
     args = {k: v for k, v in config.kwargs.items() if k not in ("batch_id", "result_format") and v is not None}
     got = result.result or {}
+    examples = got.get("partial_unexpected_list")
     seen = (f"observed {got['observed_value']}" if "observed_value" in got else
             f"{got.get('unexpected_count', '?')} unexpected of {got.get('element_count', '?')}"
-            f"{', e.g. ' + str(got.get('partial_unexpected_list', [])[:3]) if got.get('partial_unexpected_list') else ''}")
+            f"{', e.g. ' + str(examples[:3]) if examples else ''}")
     info = result.exception_info or {}
     raised = [info] if "raised_exception" in info else [v for v in info.values() if isinstance(v, dict)]
     messages = sorted({i.get("exception_message", "") for i in raised if i.get("raised_exception")})

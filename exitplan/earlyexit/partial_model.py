@@ -249,7 +249,8 @@ class EarlyExitLM(nn.Module):
     def exit_logits(self, hidden: torch.Tensor, exit_layer: int) -> torch.Tensor:
         """Logits at the exit after layer ``exit_layer`` (1-based) from that layer's hidden state, through the head
         registered for that layer if any (the last layer of the full model needs none); see :meth:`logits`."""
-        return self.logits(hidden, self.exit_heads[str(exit_layer)] if str(exit_layer) in self.exit_heads else None)
+        head = self.exit_heads[str(exit_layer)] if str(exit_layer) in self.exit_heads else None  # noqa: SIM401
+        return self.logits(hidden, head)  # (nn.ModuleDict has no .get)
 
     def add_exit_head(self, exit_layer: int, head: nn.Module) -> None:
         """Register the exit head used after layer ``exit_layer`` (1-based)."""

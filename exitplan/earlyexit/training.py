@@ -94,7 +94,8 @@ def fit_affine(cache: ExitCache, exit_layer: int, ridge: float = 1e-2) -> Affine
     return AffineHead(d).fit(cache.hidden[exit_layer].reshape(-1, d), cache.final_hidden.reshape(-1, d), ridge)
 
 
-def topk_kl(model: EarlyExitLM, mapped: torch.Tensor, index: torch.Tensor, teacher_logprob: torch.Tensor) -> torch.Tensor:
+def topk_kl(model: EarlyExitLM, mapped: torch.Tensor, index: torch.Tensor,
+            teacher_logprob: torch.Tensor) -> torch.Tensor:
     """KL(teacher || student) over the teacher's top-k tokens (both renormalised on them); a scalar.
 
     Args:

@@ -90,12 +90,12 @@ def stop(state: Path, name: str) -> bool:
 
 
 def _signal(process: object, sig: int) -> None:
+    import contextlib
+
     import psutil
 
-    try:
+    with contextlib.suppress(psutil.NoSuchProcess):
         process.send_signal(sig)  # type: ignore[attr-defined]
-    except psutil.NoSuchProcess:
-        pass
 
 
 def wait_until(check: Callable[[], bool], what: str, timeout_s: float, state: Path, name: str | None = None) -> None:

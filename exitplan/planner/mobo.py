@@ -182,7 +182,7 @@ def _pool(problem: PlanProblem, size: int, rng: np.random.Generator, tries: int 
     models are in the pool) and, a :data:`LOCAL_SHARE` of them, neighbours of ``around`` (the current front) when
     given: the local moves a discrete space needs to refine a front that random points rarely hit."""
     points = []
-    for t in range(size * tries):
+    for _ in range(size * tries):
         if len(points) >= size:
             break
         if len(around) and rng.uniform() < LOCAL_SHARE:
@@ -276,10 +276,10 @@ def _acquisition(model: Any, observed: Any, x: Any, constrained: bool, max_laten
     ref = (observed.min(dim=0).values - 0.1 * span).tolist()
     constraints = []
     if max_latency is not None:
-        constraints.append(lambda z, b=-math.log(max_latency): b - z[..., 0])
+        constraints.append(lambda z, b=-math.log(max_latency): b - z[..., 0])  # noqa: B008 (binds the bound now)
     if min_quality is not None:
         mq = min(max(min_quality, 1e-4), 1 - 1e-4)
-        constraints.append(lambda z, b=math.log(mq / (1 - mq)): b - z[..., 1])
+        constraints.append(lambda z, b=math.log(mq / (1 - mq)): b - z[..., 1])  # noqa: B008 (binds the bound now)
     if constrained:
         constraints.append(lambda z: -z[..., 2])
     return qLogNoisyExpectedHypervolumeImprovement(

@@ -23,7 +23,6 @@ from exitplan.config import EngineParams
 from exitplan.errors import SimulationError
 from exitplan.simulator.cost_model import CostModel, ReplicaSpec
 
-
 MAX_TOKENS = 10_000_000
 """Longest prompt or output a request of the simulator may have (beyond any model's context)."""
 

@@ -1,11 +1,12 @@
 """Stage ``profile_vllm``: vLLM's step times on this machine, and the simulator's device fitted to them.
 
-Each model of ``profile_vllm.models`` is served by a vLLM CPU replica started exactly as ``exitplan deploy`` starts
-one (:mod:`exitplan.vllm.replica`: the rendered flags, its own pinned core, the ``vllm`` section's KV cache); the
-replicas start together, as many as the machine holds (their compiles overlap), and each is timed through its API
-(:mod:`exitplan.vllm.profile`) while the others stand by, as they do beside it in a deployment. The points are fitted like ``profile_device``'s, giving
-the catalog entry ``device_id`` and vLLM's per-step and per-sequence overheads, with which the simulator predicts a
-vLLM replica on this machine; ``device.yaml`` also records the engine knobs the replicas ran with.
+Each model of ``profile_vllm.models`` is served by a vLLM CPU replica started exactly as ``exitplan deploy`` starts one
+(:mod:`exitplan.vllm.replica`: the rendered flags, its own pinned core, the ``vllm`` section's KV cache); the replicas
+start together, as many as the machine holds (their compiles overlap), and each is timed through its API
+(:mod:`exitplan.vllm.profile`) while the others stand by, as they do beside it in a deployment. The points are fitted
+like ``profile_device``'s, giving the catalog entry ``device_id`` and vLLM's per-step and per-sequence overheads, with
+which the simulator predicts a vLLM replica on this machine; ``device.yaml`` also records the engine knobs the replicas
+ran with.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def _rows_of(params: Params, names: list[str]) -> list[dict[str, Any]]:
             log = params.path(".cache") / STAGE / f"{name.replace('/', '_')}.log"  # vLLM's own log, not an output
             started.append(vllm_replica.start(params, params.checkpoint_path(name), spec, core_sets[i], log))
         rows = []
-        for name, replica in zip(names, started, strict=True):
+        for replica in started:
             vllm_replica.wait_ready(replica, settings.startup_timeout_s)
         for name, replica in zip(names, started, strict=True):
             rows += [{"model": name, **row} for row in measure(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from exitplan.config import EngineParams
 from exitplan.errors import ExitplanError
@@ -20,7 +20,7 @@ CPU_BLOCK_MULTIPLE = 32
 """The CPU attention backend's block sizes are multiples of this."""
 
 
-class Platform(str, Enum):
+class Platform(StrEnum):
     """Where a vLLM replica runs."""
 
     CPU = "cpu"

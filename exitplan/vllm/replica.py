@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -127,17 +128,13 @@ def stop(process: subprocess.Popen, grace_s: float = 30.0) -> None:
     SIGKILL to whatever of its group is left (a replica whose engine died can hang in its shutdown)."""
     if process.poll() is None:
         process.terminate()
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        pass
     kill_group(process.pid)
     process.wait()
 
 
 def kill_group(group: int) -> None:
     """SIGKILL whatever is left of process group ``group`` (none left: nothing to do)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(group, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

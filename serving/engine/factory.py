@@ -23,10 +23,10 @@ def candidates(params: Params, models: Sequence[str]) -> list[Candidate]:
 def engine_config(params: Params, **overrides: Any) -> EngineConfig:
     """The engine knobs of the ``helios`` section (``overrides`` replace any of them)."""
     h = params.helios
-    knobs: dict[str, Any] = dict(memory_budget_bytes=int(h.memory_budget_gib * GIB), max_num_seqs=h.max_num_seqs,
-                                 block_size=h.block_size, threshold=h.threshold, confidence=h.confidence,
-                                 cbc_window=h.cbc_window, cbc_max=h.cbc_max, profile_requests=h.profile_requests,
-                                 reprofile_every=h.reprofile_every)
+    knobs: dict[str, Any] = {"memory_budget_bytes": int(h.memory_budget_gib * GIB), "max_num_seqs": h.max_num_seqs,
+                             "block_size": h.block_size, "threshold": h.threshold, "confidence": h.confidence,
+                             "cbc_window": h.cbc_window, "cbc_max": h.cbc_max,
+                             "profile_requests": h.profile_requests, "reprofile_every": h.reprofile_every}
     return EngineConfig(**{**knobs, **overrides})
 
 

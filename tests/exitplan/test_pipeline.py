@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from exitplan.errors import PipelineError
 from exitplan import REPO_ROOT
+from exitplan.errors import PipelineError
 from exitplan.pipeline import checkout_lock, stage_names
 
 

@@ -37,8 +37,8 @@ def _small_params(repo: Path) -> dict:
                                head_kinds=["affine", "block"],
                                datasets=["gsm8k", "humaneval"], chunk_tokens=32, train_chunks=24, eval_chunks=4,
                                top_k=8, block_steps=2)
-    tree["exit_profile"].update(models=[SMOLLM2], head_kinds=["identity", "block"], datasets=["gsm8k", "humaneval"], chunk_tokens=32,
-                                chunks_per_dataset=2, thresholds=[0.5, 0.8])
+    tree["exit_profile"].update(models=[SMOLLM2], head_kinds=["identity", "block"], datasets=["gsm8k", "humaneval"],
+                                chunk_tokens=32, chunks_per_dataset=2, thresholds=[0.5, 0.8])
     tree["helios"].update(candidates=[SMOLLM2], memory_budget_gib=2.0)
     tree["profile_device"].update(models=[SMOLLM2], batch_sizes=[1, 4], contexts=[16], prefill_lengths=[8, 32],
                                   repeats=1)
@@ -188,9 +188,9 @@ def test_stage_runs_are_tracked_in_mlflow(repo: Path, flow_results) -> None:
     runs = client.search_runs([experiment.experiment_id])
     by_name = {r.info.run_name: r for r in runs}
     assert set(by_name) == {f"fetch_models:{SMOLLM2}", f"fetch_models:{MINILM}", "prepare_workload",
-                            "import_labels", "build_perf_db", f"train_exits:{SMOLLM2}", "exit_profile", "profile_device",
-                            "profile_vllm", "select_candidates", "label_quality", "plan", "partial_checkpoints",
-                            "online_profile", "gate"}
+                            "import_labels", "build_perf_db", f"train_exits:{SMOLLM2}", "exit_profile",
+                            "profile_device", "profile_vllm", "select_candidates", "label_quality", "plan",
+                            "partial_checkpoints", "online_profile", "gate"}
     assert by_name["prepare_workload"].data.metrics["num_queries"] == 80
     assert by_name["prepare_workload"].data.params["seed"] == "0"
     version = client.get_model_version_by_alias("exitplan-plan", "challenger")

@@ -115,7 +115,8 @@ VALUES = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.fl
                    st.sampled_from([0, -1, 2**63, 2**64, 2**70, 10**100, float("inf"), float("-inf")]),
                    st.text(max_size=40), st.sampled_from(["exitplan", SMALL, LARGE]),
                    st.lists(st.one_of(st.text(max_size=5), st.integers(),
-                                      st.fixed_dictionaries({"role": st.text(max_size=8), "content": st.text(max_size=8)})),
+                                      st.fixed_dictionaries({"role": st.text(max_size=8),
+                                                             "content": st.text(max_size=8)})),
                             max_size=3))
 
 

@@ -57,20 +57,23 @@ def _bad(frame: pd.DataFrame, change: Callable[[pd.DataFrame], pd.DataFrame | No
 
 
 def test_good_frames_pass(trace, perf_db) -> None:
-    for name, frame, expectations in (("trace", trace, suites.trace(GATES)), ("perf_db", perf_db, suites.perf_db(GATES)),
-                                      ("labels", LABELS, suites.labels(GATES)), ("pht", PHT, suites.pht(GATES)),
-                                      ("plan", PLAN, suites.plan(GATES)), ("quality", QUALITY, suites.quality(GATES))):
+    cases = (("trace", trace, suites.trace(GATES)), ("perf_db", perf_db, suites.perf_db(GATES)),
+             ("labels", LABELS, suites.labels(GATES)), ("pht", PHT, suites.pht(GATES)),
+             ("plan", PLAN, suites.plan(GATES)), ("quality", QUALITY, suites.quality(GATES)))
+    for name, frame, expectations in cases:
         result = validate(name, frame, expectations)
         assert result.success, (name, result.failures)
         assert result.evaluated >= 4
 
 
 @pytest.mark.parametrize(("change", "expectation", "column"), [
-    (lambda f: f.__setitem__("arrival_s", f["arrival_s"] - f["arrival_s"].iloc[5]), "expect_column_values_to_be_between", "arrival_s"),
+    (lambda f: f.__setitem__("arrival_s", f["arrival_s"] - f["arrival_s"].iloc[5]),
+     "expect_column_values_to_be_between", "arrival_s"),
     (lambda f: f.iloc[::-1].reset_index(drop=True), "expect_column_values_to_be_increasing", "arrival_s"),
     (lambda f: f.drop(columns=["output_len"]), "expect_table_columns_to_match_set", None),
     (lambda f: f.head(5), "expect_table_row_count_to_be_between", None),
-    (lambda f: f.__setitem__("prompt_len", f["prompt_len"].where(f.index != 3, 0)), "expect_column_values_to_be_between", "prompt_len"),
+    (lambda f: f.__setitem__("prompt_len", f["prompt_len"].where(f.index != 3, 0)),
+     "expect_column_values_to_be_between", "prompt_len"),
     (lambda f: f.__setitem__("request_id", 0), "expect_column_values_to_be_unique", "request_id"),
 ])
 def test_bad_traces_fail_with_the_expectation_named(trace, change, expectation, column) -> None:

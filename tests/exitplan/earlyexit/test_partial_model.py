@@ -70,8 +70,8 @@ def test_confidence_measures() -> None:
 
 def test_logits_through_the_packed_vocabulary_match_the_lm_head_and_pass_gradients(tiny_checkpoint,
                                                                                     smollm2_tokenizer) -> None:
-    """pack_vocab: mostly the same top tokens as the float32 LM head (a tiny random model has near ties), logits within bfloat16 rounding, and a gradient that
-    reaches the exit's hidden state (block heads distil through it)."""
+    """pack_vocab: mostly the same top tokens as the float32 LM head (a tiny random model has near ties), logits within
+    bfloat16 rounding, and a gradient that reaches the exit's hidden state (block heads distil through it)."""
     path, _ = tiny_checkpoint
     model = EarlyExitLM.from_pretrained(path)
     hidden = model.layer_outputs(_ids(smollm2_tokenizer))[2]

@@ -35,7 +35,7 @@ def test_packed_prefill_and_decode_equal_transformers(tiny_checkpoint) -> None:
     blocks = [pool.allocate(pool.blocks_for(len(p) + 3)) for p in PROMPTS]
     logits = runner.forward([Work.span(p, 0, b) for p, b in zip(PROMPTS, blocks, strict=True)], 6)
     seqs = [list(p) for p in PROMPTS]
-    for step in range(3):
+    for step in range(3):  # noqa: B007 (the loop's count is asserted after it)
         for i, seq in enumerate(seqs):
             expected = _reference(reference, seq)[-1]
             torch.testing.assert_close(logits[i], expected, atol=1e-4, rtol=1e-4)

@@ -19,8 +19,19 @@ from exitplan import REPO_ROOT
 from exitplan.config import Params, load_params
 from exitplan.infra import postgres
 from exitplan.infra.processes import running_pid
-from exitplan.infra.profile import MLFLOW_SERVER, PREFECT_SERVER, WORKER, _free, deploy, down, mlflow_uri, \
-    prefect_api, state_dir, status, up
+from exitplan.infra.profile import (
+    MLFLOW_SERVER,
+    PREFECT_SERVER,
+    WORKER,
+    _free,
+    deploy,
+    down,
+    mlflow_uri,
+    prefect_api,
+    state_dir,
+    status,
+    up,
+)
 from tests.serving.conftest import free_port
 
 LIVE = "data/telemetry/live.parquet"

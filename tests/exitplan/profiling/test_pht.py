@@ -9,9 +9,10 @@ from exitplan.profiling.pht import PerformanceHistoryTable, PHTEntry, options
 
 
 def _entry(name: str, **kw) -> PHTEntry:
-    base = dict(model=name, num_layers=24, perplexity=3.5, exit_layers=[8, 16, 20], exit_distribution={8: 0.5, 16: 0.2, 20: 0.1,
-                24: 0.2}, prefill_s=1e-4, decode_s=2e-4, head_s=1e-3, load_s_per_layer=0.05, load_s_base=0.5,
-                base_bytes=1000, layer_bytes=100, head_bytes=100, kv_token_layer_bytes=2)
+    base = {"model": name, "num_layers": 24, "perplexity": 3.5, "exit_layers": [8, 16, 20],
+            "exit_distribution": {8: 0.5, 16: 0.2, 20: 0.1, 24: 0.2}, "prefill_s": 1e-4, "decode_s": 2e-4,
+            "head_s": 1e-3, "load_s_per_layer": 0.05, "load_s_base": 0.5, "base_bytes": 1000, "layer_bytes": 100,
+            "head_bytes": 100, "kv_token_layer_bytes": 2}
     return PHTEntry(**(base | kw))
 
 

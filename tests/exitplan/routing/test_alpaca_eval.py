@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from exitplan.errors import ExitplanError
-from exitplan.routing.alpaca_eval import LabelsMissing, import_annotations, query_id, quality_of
+from exitplan.routing.alpaca_eval import LabelsMissing, import_annotations, quality_of, query_id
 
 SMALL, LARGE = "org/small", "org/large"
 

@@ -8,7 +8,7 @@ import pytest
 
 from exitplan import REPO_ROOT
 from exitplan.config import load_params
-from exitplan.deploy import replica_order, plan_replica_counts
+from exitplan.deploy import plan_replica_counts, replica_order
 from exitplan.vllm import replica as vllm_replica
 from exitplan.vllm.environment import API_SERVER, process_env
 from exitplan.vllm.flags import Replica

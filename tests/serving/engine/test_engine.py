@@ -148,7 +148,8 @@ def test_profiling_requests_are_answered_and_fill_the_pht(pair, tmp_path) -> Non
     engine = Engine(list(pair), EngineConfig(memory_budget_bytes=64 * MiB, profile_requests=2), pht)
     requests = engine.run(_requests(6, new_tokens=4))
     assert all(len(r.output) == 4 for r in requests)
-    assert {r.served_by[0] for r in requests[:2]} == {"tiny/a"} and {r.served_by[0] for r in requests[2:4]} == {"tiny/b"}
+    assert {r.served_by[0] for r in requests[:2]} == {"tiny/a"}
+    assert {r.served_by[0] for r in requests[2:4]} == {"tiny/b"}
     stored = PerformanceHistoryTable(tmp_path / "pht.json")
     assert set(stored.entries) == {"tiny/a", "tiny/b"}
     entry = stored["tiny/a"]
