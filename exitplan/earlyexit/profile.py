@@ -103,13 +103,6 @@ def trace_kinds(model: Any, chunks: Any, exit_layers: Sequence[int], heads: Mapp
             for name, rec in per_kind.items()}
 
 
-def trace_exits(model: Any, chunks: Any, exit_layers: Sequence[int], kind: str = "max_prob",
-                batch_size: int = 4) -> TokenExits:
-    """Run ``model`` (an EarlyExitLM with its exit heads registered) over token chunks and record every exit."""
-    heads = {e: model.exit_heads[str(e)] for e in exit_layers if str(e) in model.exit_heads}
-    return trace_kinds(model, chunks, exit_layers, {"registered": heads}, kind, batch_size)["registered"]
-
-
 def first_confident_exit(exits: TokenExits, threshold: float) -> np.ndarray:
     """Per token, the first exit layer whose confidence reaches ``threshold`` (``num_layers`` if none); shape ``n``."""
     confident = exits.confidence >= threshold

@@ -3,15 +3,12 @@
 - :class:`EmbeddingScorer`: BOUTE's learned router - MiniLM sentence embeddings of the prompt, and a ridge regression
   per model predicting its quality label; the score of routing up from model ``i`` to ``j`` is the predicted gain.
   For K models the score is the predicted gain of the largest over the smallest.
-- :func:`prompt_loss`: the small model's own mean next-token loss on the prompt (no training; a hard prompt for the
-  small model is a candidate for the large one).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -93,20 +90,3 @@ class EmbeddingScorer:
         """Predicted gain of the largest model over the smallest, ``n``."""
         q = self.predict_quality(embeddings)
         return q[:, -1] - q[:, 0]
-
-
-def prompt_loss(model: Any, tokenizer: Any, prompts: Sequence[str], max_tokens: int = 128) -> np.ndarray:
-    """Mean next-token loss of ``model`` on each prompt's own tokens, ``n`` (higher: harder for this model)."""
-    import torch
-    import torch.nn.functional as F
-
-    losses = []
-    with torch.no_grad():
-        for prompt in prompts:
-            ids = tokenizer.encode(prompt, add_special_tokens=False)[:max_tokens]
-            if len(ids) < 2:
-                losses.append(0.0)
-                continue
-            logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
-            losses.append(float(F.cross_entropy(logits, torch.tensor(ids[1:]))))
-    return np.asarray(losses)

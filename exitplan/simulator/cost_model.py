@@ -202,10 +202,3 @@ class CostModel:
         sampled = len(lengths) if sampled_prefills is None else sampled_prefills
         return self.step_time(float(lengths.sum()) + num_decodes, pairs + decode_contexts_sum + num_decodes,
                               float(starts.sum()) + decode_contexts_sum, float(sampled + num_decodes))
-
-    def tp_speedup(self, tokens: float = 1.0, context: float = 1024.0) -> float:
-        """K(N): how much faster one decode step is at this TP than on a single GPU (BOUTE's speed-up factor)."""
-        single = CostModel(ReplicaSpec(self.spec.model, self.spec.gpu, 1, self.spec.pp, self.spec.layers),
-                           self.step_overhead_s, self.seq_overhead_s)
-        return single.step_time(tokens, tokens * context, tokens * context, tokens) / self.step_time(
-            tokens, tokens * context, tokens * context, tokens)
