@@ -29,6 +29,7 @@ from typing import Literal
 
 import torch
 
+from exitplan.config import HeliosParams
 from exitplan.earlyexit.confidence import confidence as confidence_of
 from exitplan.earlyexit.packed import module_bytes
 from exitplan.earlyexit.runner import Work
@@ -39,10 +40,14 @@ from serving.engine.request import Request
 from serving.engine.served import Candidate, ServedModel, num_layers
 from serving.engine.telemetry import Event, StepRecord, Telemetry
 
+_HELIOS = HeliosParams.model_fields
+"""Where the engine's knobs are declared, documented and bounded (their defaults are HELIOS's own)."""
+
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Knobs of one engine (the ``helios`` section of params.yaml maps onto these).
+    """Knobs of one engine: the ``helios`` section of params.yaml (:func:`serving.engine.factory.engine_config`
+    maps it onto these; the defaults are that section's) plus the engine-only ones.
 
     Attributes:
         memory_budget_bytes: Weights + KV + layers being loaded may never exceed this.
@@ -62,15 +67,15 @@ class EngineConfig:
 
     memory_budget_bytes: int
     mode: Literal["helios", "full", "fixed"] = "helios"
-    max_num_seqs: int = 256
-    block_size: int = 16
+    max_num_seqs: int = _HELIOS["max_num_seqs"].default
+    block_size: int = _HELIOS["block_size"].default
     max_prefill_tokens: int = 4096
-    threshold: float = 0.8
-    confidence: str = "max_prob"
-    cbc_window: int = 100
-    cbc_max: int = 50
-    profile_requests: int = 5
-    reprofile_every: int = 150
+    threshold: float = _HELIOS["threshold"].default
+    confidence: str = _HELIOS["confidence"].default
+    cbc_window: int = _HELIOS["cbc_window"].default
+    cbc_max: int = _HELIOS["cbc_max"].default
+    profile_requests: int = _HELIOS["profile_requests"].default
+    reprofile_every: int = _HELIOS["reprofile_every"].default
     fixed_exit: int | None = None
 
     @property
