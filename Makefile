@@ -69,9 +69,11 @@ test: venv vllm-env lint
 	mkdir -p $(PREFECT_HOME)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
-# ruff's rule sets (pyproject.toml [tool.ruff.lint]) on the whole tree; `make test` runs it first.
+# ruff's rule sets on the whole tree and mypy on the library (pyproject.toml [tool.ruff.lint], [tool.mypy]);
+# `make test` runs it first.
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/python -m mypy
 
 # The production profile (README "Running as a service"): PostgreSQL, Prefect and MLflow servers, the work pool and a
 # worker on 127.0.0.1, with the deployments of prefect.yaml registered. State under .infra/ (git-ignored).

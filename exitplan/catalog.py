@@ -280,7 +280,8 @@ class Catalog(StrictModel):
 
     @cached_property
     def _models(self) -> dict[str, Model | Embedder]:
-        return {m.name: m for m in [*self.models, *self.embedders]}
+        every: list[Model | Embedder] = [*self.models, *self.embedders]
+        return {m.name: m for m in every}
 
     def gpu(self, gpu_id: str) -> Gpu:
         """The GPU with this id.
@@ -297,6 +298,17 @@ class Catalog(StrictModel):
             CatalogError: naming the unknown model and the known ones.
         """
         return _lookup(self._models, name, "model")
+
+    def llm(self, name: str) -> Model:
+        """The language model (not an embedder) with this Hugging Face id.
+
+        Raises:
+            CatalogError: naming the model when it is unknown or an embedder.
+        """
+        found = self.model(name)
+        if not isinstance(found, Model):
+            raise CatalogError("catalog", [f"'{name}' is an embedder, not a language model"])
+        return found
 
     def has_gpu(self, gpu_id: str) -> bool:
         """Whether the catalog lists this GPU id."""

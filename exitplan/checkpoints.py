@@ -14,6 +14,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from exitplan.catalog import Embedder, Model, ModelSource, SourcePart
 from exitplan.errors import FetchError
@@ -82,7 +83,7 @@ def _convert_gguf(model: Model, gguf: Path, out: Path, dtype: str) -> dict[str, 
 
     started = time.perf_counter()
     try:
-        hf_model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        hf_model: Any = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     except (ValueError, KeyError, OSError, EOFError) as exc:  # its parts matched their hashes: a bad catalog entry
         raise FetchError(f"{model.name}: the assembled GGUF cannot be read ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0] if str(exc) else ''}); check the catalog's source") from exc

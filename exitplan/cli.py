@@ -54,7 +54,7 @@ def check_config(
     console.print(f"OK: {params} is valid")
 
 
-def _explain(model: type, prefix: str = "") -> None:
+def _explain(model: Any, prefix: str = "") -> None:
     from pydantic import BaseModel
 
     for name, field in model.model_fields.items():
@@ -130,7 +130,7 @@ def simulate(
                           "prompt_len": prompt_len, "output_len": output_len, "seed": seed, "arrival": arrival,
                           "burstiness": burstiness, "layers": layers})
     cat = load_catalog(loaded.path(loaded.catalog))
-    spec = ReplicaSpec(cat.model(model), cat.gpu(gpu), opts.tp, opts.pp, opts.layers)
+    spec = ReplicaSpec(cat.llm(model), cat.gpu(gpu), opts.tp, opts.pp, opts.layers)
     overrides = {k: v for k, v in {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
                                    "block_size": block_size}.items() if v is not None}
     engine = engine_with(loaded.simulator.engine, {**overrides, "enable_chunked_prefill": chunked_prefill})
@@ -360,7 +360,7 @@ def _with_backend(params: Any, backend: str) -> Any:
     try:
         section = DeployParams.model_validate({**params.deploy.model_dump(), "backend": backend})
     except ValidationError as exc:
-        raise ConfigError(f"--backend {backend!r}: must be 'exitplan' or 'vllm'") from exc
+        raise ConfigError("--backend", [f"{backend!r}: must be 'exitplan' or 'vllm'"]) from exc
     return params.model_copy(update={"deploy": section})
 
 

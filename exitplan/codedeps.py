@@ -77,7 +77,7 @@ def imports(root: Path, name: str) -> set[str]:
     if path is None:
         return set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = set()
+    found: set[str] = set()
     for imported in _imported_names(ast.parse(path.read_text(), str(path)), package):
         parts = imported.split(".")
         found.update(p for p in (".".join(parts[:i]) for i in range(1, len(parts) + 1))

@@ -124,7 +124,7 @@ class TraceParams(StrictModel):
     timestamps_file: str | None = None
     """For ``replay``: a CSV or Parquet file with an ``arrival_s`` column of arrival times in seconds."""
 
-    mix: dict[DatasetName, NonNegativeFloat] = Field(default_factory=lambda: {"sharegpt": 1.0})
+    mix: dict[DatasetName, NonNegativeFloat] = Field(default_factory=lambda: {"sharegpt": 1.0})  # type: ignore[arg-type]
     """Share of requests drawn from each data set (weights, normalised to sum 1)."""
 
     @field_validator("name")
@@ -307,10 +307,10 @@ class TrainExitsParams(StrictModel):
     exits_from_end: list[int] = Field(default_factory=list)
     """Extra exits counted back from the last layer (2: after layer L-2), where agreement climbs fastest."""
 
-    head_kinds: list[Literal["identity", "affine", "block"]] = Field(default_factory=lambda: ["affine", "block"])
+    head_kinds: list[Literal["identity", "affine", "block"]] = Field(default_factory=lambda: ["affine", "block"])  # type: ignore[arg-type]
     """Exit-head kinds to fit and compare (``identity`` = the plain final norm + LM head, the baseline)."""
 
-    datasets: list[DatasetName] = Field(default_factory=lambda: ["sharegpt", "gsm8k", "humaneval", "aclsum"])
+    datasets: list[DatasetName] = Field(default_factory=lambda: ["sharegpt", "gsm8k", "humaneval", "aclsum"])  # type: ignore[arg-type]
     """Data sets of the query table whose prompt + reference texts are the training and held-out tokens."""
 
     chunk_tokens: int = Field(default=128, ge=8, le=4096)
@@ -381,11 +381,11 @@ class ExitProfileParams(StrictModel):
     """Models with exit checkpoints (from ``train_exits``); two sharing a tokenizer give complementarity."""
 
     head_kinds: list[Literal["identity", "affine", "block"]] = Field(
-        default_factory=lambda: ["identity", "affine", "block"], min_length=1)
+        default_factory=lambda: ["identity", "affine", "block"], min_length=1)  # type: ignore[arg-type]
     """Exit-head kinds to profile (each must have been trained by ``train_exits``); one forward pass serves all.
     Cost: one vocabulary projection per exit per token per kind."""
 
-    datasets: list[DatasetName] = Field(default_factory=lambda: ["sharegpt", "gsm8k", "humaneval", "aclsum"])
+    datasets: list[DatasetName] = Field(default_factory=lambda: ["sharegpt", "gsm8k", "humaneval", "aclsum"])  # type: ignore[arg-type]
     """Held-out prompts come from these data sets (queries never used for training the heads)."""
 
     chunk_tokens: int = Field(default=128, ge=8, le=4096)
@@ -543,7 +543,7 @@ class LabelQualityParams(StrictModel):
     models: list[str] = Field(min_length=1)
     """Fetched models to label here."""
 
-    datasets: list[DatasetName] = Field(default_factory=lambda: ["gsm8k", "humaneval", "sharegpt", "aclsum",
+    datasets: list[DatasetName] = Field(default_factory=lambda: ["gsm8k", "humaneval", "sharegpt", "aclsum",  # type: ignore[arg-type]
                                                                  "mtbench"])
     """Data sets of the query table to label."""
 

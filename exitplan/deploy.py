@@ -22,7 +22,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from exitplan.catalog import Catalog
 from exitplan.config import EngineParams, Params
@@ -101,7 +101,7 @@ def render(plan: dict[str, Any], catalog: Catalog, engine: EngineParams, base_po
                     host = len(hosts) - 1
                 devices = list(range(hosts[host], hosts[host] + size))
                 hosts[host] += size
-                total = catalog.model(entry["model"]).num_layers
+                total = catalog.llm(entry["model"]).num_layers
                 replicas.append(ReplicaLaunch(
                     entry["model"], gpu.id, f"{gpu.id}-{host}", devices, port,
                     float(next(weights, 1.0 / group["dp"])), group.get("layers", total),
@@ -399,7 +399,7 @@ def _start_vllm_replicas(params: Params, plan: dict[str, Any], local: list[str],
         fleet.processes.append(started[-1].process)
         fleet.groups.append(started[-1].process.pid)
         replicas.append(ReplicaLaunch(model, "local", section.host, cores[i], port, 1.0 / chosen.count(model), 0,
-                                      started[-1].process.args))
+                                      cast(list[str], started[-1].process.args)))
     for replica in started:
         vllm_replica.wait_ready(replica, settings.startup_timeout_s)
     for replica, launch in zip(started, replicas, strict=True):
@@ -480,6 +480,6 @@ def render_champion(params: Params) -> Rendered:
                       "0.0.0.0" if params.deploy.bind_all else "127.0.0.1")
     files = write_launch_files(out, replicas, fleet_config(plan, replicas, params, router), version,
                                params.deploy.api_key_env, params.deploy.require_api_key)
-    missing = bundle_partials(params, replicas, out, {m["model"]: catalog.model(m["model"]).num_layers
+    missing = bundle_partials(params, replicas, out, {m["model"]: catalog.llm(m["model"]).num_layers
                                                       for m in plan["models"]})
     return Rendered(version, plan, router, replicas, files, missing)

@@ -59,13 +59,13 @@ def perplexity(scorer: Path | Any, pairs: Sequence[tuple[Sequence[int], Sequence
     import torch
     import torch.nn.functional as F
 
-    pairs = [(list(p), list(o)) for p, o in pairs if o]
-    if not pairs:
+    scored = [(list(p), list(o)) for p, o in pairs if o]
+    if not scored:
         raise ExitplanError("no output to score")
     model = load_scorer(scorer) if isinstance(scorer, Path) else scorer
     nll, count = 0.0, 0
     with torch.no_grad():
-        for prompt, output in pairs:
+        for prompt, output in scored:
             logits = model(input_ids=torch.tensor([prompt + output])).logits[0, len(prompt) - 1:-1].float()
             nll += float(F.cross_entropy(logits, torch.tensor(output), reduction="sum"))
             count += len(output)

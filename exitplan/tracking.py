@@ -155,7 +155,7 @@ def register_plan(settings: TrackingParams, root: Path, stage: str, plan_path: P
     import mlflow
     import mlflow.pyfunc
 
-    class PlanRouter(mlflow.pyfunc.PythonModel):
+    class PlanRouter(mlflow.pyfunc.PythonModel):  # type: ignore[name-defined]
         """Routes scored queries by the plan's thresholds."""
 
         def load_context(self, context: Any) -> None:

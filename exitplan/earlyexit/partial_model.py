@@ -71,7 +71,7 @@ class EarlyExitLM(nn.Module):
 
     def __init__(self, model: nn.Module, full_config: Any, checkpoint: Path | None = None) -> None:
         super().__init__()
-        self.model = model
+        self.model: Any = model  # a transformers causal LM: its structure (model.layers, norm, lm_head) is dynamic
         self.full_config = full_config
         self.checkpoint = checkpoint
         self.exit_heads = nn.ModuleDict()
@@ -197,7 +197,7 @@ class EarlyExitLM(nn.Module):
             whole.layer_types = list(self.full_config.layer_types)
         return type(self.model.model.layers[0])(whole, layer_idx=index)
 
-    def attach_layers(self, layers: list[nn.Module]) -> None:
+    def attach_layers(self, layers: list[Any]) -> None:
         """Append layers built by :meth:`read_layers` (they must continue the held stack)."""
         held = self.held_layers
         for offset, layer in enumerate(layers):

@@ -75,7 +75,8 @@ def trace_kinds(model: Any, chunks: Any, exit_layers: Sequence[int], heads: Mapp
     """
     import torch
 
-    per_kind = {name: {"conf": [], "top": [], "nll": []} for name in heads}
+    per_kind: dict[str, dict[str, list[tuple[int, np.ndarray]]]] = {name: {"conf": [], "top": [], "nll": []}
+                                                                    for name in heads}
     final, final_nll = [], []
     with torch.no_grad():
         for start in range(0, len(chunks), batch_size):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -145,7 +146,7 @@ class PagedRunner:
 
     def __init__(self, model: EarlyExitLM, pool: KVPool) -> None:
         self.model, self.pool = model, pool
-        self.inner = model.model.model
+        self.inner: Any = model.model.model
         self.timings = Timings()
 
     # --- pieces ----------------------------------------------------------------------------------------------------
@@ -181,7 +182,7 @@ class PagedRunner:
             masks.append(torch.arange(len(table))[None, :] <= mine[:, None] if causal else None)
         return Pass(positions, rows, rope, write, tables, masks)
 
-    def layer(self, slot: int, layer: nn.Module, x: torch.Tensor, step: Pass) -> torch.Tensor:
+    def layer(self, slot: int, layer: Any, x: torch.Tensor, step: Pass) -> torch.Tensor:
         """One decoder layer over packed tokens; their keys and values go to the pool's layer slot ``slot``."""
         residual = x
         h = layer.input_layernorm(x)
@@ -189,7 +190,7 @@ class PagedRunner:
         x = residual + h
         return x + layer.mlp(layer.post_attention_layernorm(x))
 
-    def _attention(self, slot: int, attn: nn.Module, x: torch.Tensor, step: Pass) -> torch.Tensor:
+    def _attention(self, slot: int, attn: Any, x: torch.Tensor, step: Pass) -> torch.Tensor:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         n, hd = x.shape[0], attn.head_dim

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from exitplan.errors import ExitplanError, LabelsNotFound
-from exitplan.planner.candidates import mixed_candidates
+from exitplan.planner.candidates import Candidate, mixed_candidates
 from exitplan.planner.problem import PlanProblem
 from exitplan.simulator.curve import LatencyCurve
 from exitplan.simulator.perf_db import curve_of
@@ -70,12 +70,13 @@ def problem_from(db: Any, prices: Mapping[str, float], available: Mapping[str, i
                  target_latency: float | None, shares: Sequence[float] = (1.0,)) -> PlanProblem:
     """The co-optimisation problem: candidates per model from the perf DB (knapsack over a budget grid, at each
     share of the load the model may be routed)."""
-    curves, candidates = {}, {}
+    curves: dict[str, Mapping[tuple, LatencyCurve]] = {}
+    candidates: dict[str, list[Candidate]] = {}
     for m in models:
         curves[m] = deployment_curves(db, m, list(prices), metric)
         target = target_latency or float(np.median([c.latency[-1] for c in curves[m].values() if c.capacity]))
-        found = mixed_candidates(curves[m], prices, load, available, np.linspace(budget / budget_points, budget,
-                                                                                  budget_points), target, shares)
+        budgets = np.linspace(budget / budget_points, budget, budget_points).tolist()
+        found = mixed_candidates(curves[m], prices, load, available, budgets, target, shares)
         candidates[m] = sorted(found, key=lambda c: c.cost)
         if not candidates[m]:
             raise ExitplanError(f"{m}: no deployment fits {dict(available)} GPUs and ${budget}/h")

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from exitplan.simulator.curve import INF, LatencyCurve, best_split
+
+T = TypeVar("T")
+"""What a skimmed point carries."""
 
 
 @dataclass(frozen=True)
@@ -76,9 +80,10 @@ class Candidate:
         return best_split(load, self.replica_curves(curves))[1]
 
 
-def skim(points: Sequence[tuple[float, float, object]]) -> list[tuple[float, float, object]]:
+def skim(points: Sequence[tuple[float, float, T]]) -> list[tuple[float, float, T]]:
     """The Pareto front of ``(latency, cost, item)`` points (both minimised), by increasing cost."""
-    front, best = [], INF
+    front: list[tuple[float, float, T]] = []
+    best = INF
     for latency, cost, item in sorted(points, key=lambda p: (p[1], p[0])):
         if latency < best:
             front.append((latency, cost, item))

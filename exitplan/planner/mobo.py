@@ -49,7 +49,7 @@ def gpu_preference(problem: PlanProblem) -> dict[str, dict[str, float]]:
     """``s_mn``: per model, each GPU type's best capacity per dollar over its layouts, normalised to max 1."""
     prefs = {}
     for m in problem.models:
-        per = {}
+        per: dict[str, float] = {}
         for (gpu, tp, pp, _), curve in problem.curves[m].items():
             cands = [g for c in problem.candidates[m] for g in c.groups if g.gpu == gpu]
             price = cands[0].price_per_gpu if cands else None
@@ -181,7 +181,7 @@ def _pool(problem: PlanProblem, size: int, rng: np.random.Generator, tries: int 
     choices): random ones (a routing coordinate is pushed to an end now and then, so plans that load only some
     models are in the pool) and, a :data:`LOCAL_SHARE` of them, neighbours of ``around`` (the current front) when
     given: the local moves a discrete space needs to refine a front that random points rarely hit."""
-    points = []
+    points: list[np.ndarray] = []
     for _ in range(size * tries):
         if len(points) >= size:
             break
@@ -274,12 +274,12 @@ def _acquisition(model: Any, observed: Any, x: Any, constrained: bool, max_laten
 
     span = (observed.max(dim=0).values - observed.min(dim=0).values).clamp(min=1e-3)
     ref = (observed.min(dim=0).values - 0.1 * span).tolist()
-    constraints = []
+    constraints: list[Callable[[torch.Tensor], torch.Tensor]] = []
     if max_latency is not None:
-        constraints.append(lambda z, b=-math.log(max_latency): b - z[..., 0])  # noqa: B008 (binds the bound now)
+        constraints.append(lambda z, b=-math.log(max_latency): b - z[..., 0])  # type: ignore[misc]  # noqa: B008 (binds the bound now)
     if min_quality is not None:
         mq = min(max(min_quality, 1e-4), 1 - 1e-4)
-        constraints.append(lambda z, b=math.log(mq / (1 - mq)): b - z[..., 1])  # noqa: B008 (binds the bound now)
+        constraints.append(lambda z, b=math.log(mq / (1 - mq)): b - z[..., 1])  # type: ignore[misc]  # noqa: B008
     if constrained:
         constraints.append(lambda z: -z[..., 2])
     return qLogNoisyExpectedHypervolumeImprovement(
@@ -385,8 +385,8 @@ def optimise(problem: PlanProblem, evaluations: int = 40, initial: int = 8, q: i
                 pool = _likely_feasible(model.models[2], pool, batch)
             acq = _acquisition(model, observed, torch.tensor(np.asarray(xs), dtype=torch.double), constrained,
                                max_latency, min_quality, int(rng.integers(1 << 30)))
-            chosen, _ = optimize_acqf_discrete(acq, q=batch, choices=torch.tensor(pool, dtype=torch.double))
-            chosen = chosen.numpy()
+            picked, _ = optimize_acqf_discrete(acq, q=batch, choices=torch.tensor(pool, dtype=torch.double))
+            chosen = picked.numpy()
         for theta in chosen:
             run(theta)
     result.seconds = time.perf_counter() - started

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -74,8 +75,8 @@ def _combinations(problem: PlanProblem, fractions: np.ndarray, allowed: Allowed 
         cost.append(np.asarray([problem.candidates[m][c].cost for c in cands]))
         used.append(np.asarray([[problem.candidates[m][c].gpus(g) for g in gpus] for c in cands], float))
     index = np.stack([a.ravel() for a in np.meshgrid(*[np.arange(len(o)) for o in options], indexing="ij")], 1)
-    total_cost = sum(cost[k][index[:, k]] for k in range(len(options)))
-    total_used = sum(used[k][index[:, k]] for k in range(len(options)))
+    total_cost = cast(np.ndarray, sum(cost[k][index[:, k]] for k in range(len(options))))
+    total_used = cast(np.ndarray, sum(used[k][index[:, k]] for k in range(len(options))))
     ok = (total_cost <= problem.budget + 1e-9) & np.all(total_used <= np.asarray([problem.available[g]
                                                                                  for g in gpus]), axis=1)
     if not ok.any():
@@ -121,7 +122,7 @@ def census(problem: PlanProblem, steps: int = 20) -> Census:
 def random_search(problem: PlanProblem, evaluations: int, seed: int = 0) -> list[Plan]:
     """``evaluations`` plans from uniform points of the unit cube (repaired to feasibility)."""
     rng = np.random.default_rng(seed)
-    plans = []
+    plans: list[Plan] = []
     while len(plans) < evaluations:
         plan = problem.evaluate(rng.uniform(size=problem.dim))
         if plan is not None:

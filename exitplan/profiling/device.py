@@ -74,11 +74,11 @@ def measure(model: Any, batch_sizes: Sequence[int], contexts: Sequence[int], pre
                 for b in held:
                     pool.release(b)
         for length in prefill_lengths:
-            held = pool.allocate(blocks_per_seq)
-            seconds = timed(lambda r, held=held, n=length: [Work.span([1] * n, 0, held)], depth)
+            blocks = pool.allocate(blocks_per_seq)
+            seconds = timed(lambda r, blocks=blocks, n=length: [Work.span([1] * n, 0, blocks)], depth)
             rows.append({"kind": "prefill", "layers": depth, "batch": 1, "context": 0, "new_tokens": length,
                          "seconds": seconds})
-            pool.release(held)
+            pool.release(blocks)
     return rows
 
 
@@ -136,7 +136,8 @@ def fit_device(rows: Sequence[dict[str, Any]], models: dict[str, Model], device_
 
     def entry(x: np.ndarray, source: str) -> Gpu:
         scale = {**dict(zip(sizes, np.exp(x[4:]).tolist(), strict=True)), decode[-1]: 1.0} if sizes else None
-        return device_entry(device_id, *np.exp(x[:2]), memory_gib, price_per_hour, source, scale)
+        flops, bandwidth = np.exp(x[:2])
+        return device_entry(device_id, flops, bandwidth, memory_gib, price_per_hour, source, scale)
 
     def residual(x: np.ndarray) -> np.ndarray:
         device, (step, seq) = entry(x, "fit"), np.exp(x[2:4])

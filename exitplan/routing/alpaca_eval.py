@@ -187,7 +187,9 @@ def import_annotations(source_dir: Path, files: Mapping[str, str], pins: Mapping
         raise LabelsMissing(f"no AlpacaEval annotations at {source_dir}: put the annotation files there "
                             f"(results/<model>/alpaca_eval_gpt4/annotations.json of tatsu-lab/alpaca_eval) or set "
                             f"import_labels.source_dir")
-    labels, answers, queries = [], [], {}
+    labels: list[Any] = []
+    answers: list[Any] = []
+    queries: dict[str, Any] = {}
     out = Imported(None, None, None)
     for model, name in files.items():
         rows, said, asked, counts = import_model(model, source_dir / name, (pins or {}).get(model))

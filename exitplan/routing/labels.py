@@ -78,7 +78,7 @@ def generate(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens:
     import torch
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    answers = []
+    answers: list[str] = []
     for start in range(0, len(prompts), batch_size):
         ids = [prompt_ids(tokenizer, p, max_prompt) for p in prompts[start:start + batch_size]]
         width = max(len(i) for i in ids)

@@ -92,5 +92,5 @@ def load_router(blob: bytes, where: str) -> RoutingModel:
     if coef.ndim != 2 or len(coef) != len(record.models) or len(record.intercept) != len(record.models):
         raise ExitplanError(f"{where}: {len(record.models)} models but weights of shape {coef.shape} and "
                             f"{len(record.intercept)} intercepts")
-    return RoutingModel(record.embedder, record.models, EmbeddingScorer.from_weights(coef, record.intercept),
-                        np.asarray(record.window, float))
+    scorer = EmbeddingScorer.from_weights(coef, np.asarray(record.intercept, float))
+    return RoutingModel(record.embedder, record.models, scorer, np.asarray(record.window, float))

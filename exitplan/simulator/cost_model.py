@@ -141,7 +141,7 @@ class CostModel:
         """TP all-reduces (2 per layer, ring) and PP sends for a step that carries ``tokens`` tokens."""
         c, tp, pp = self._c, self.spec.tp, self.spec.pp
         size = tokens * c["act_bytes"]
-        total = 0.0
+        total: np.ndarray | float = 0.0
         if tp > 1:
             ring = 2.0 * (tp - 1) / tp * size / c["link_bytes_per_s"] + c["link_latency_s"]
             total = total + 2.0 * c["layers"] * ring

@@ -164,7 +164,7 @@ def build_perf_db(catalog: Catalog, models: Iterable[str], gpus: Iterable[str], 
     import pandas as pd
 
     gpus = list(gpus)
-    jobs = []
+    jobs: list[Any] = []
     for name in models:
         model = catalog.model(name)
         if not isinstance(model, Model):

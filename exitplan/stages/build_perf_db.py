@@ -64,7 +64,7 @@ def plot_curves(db: Any, out_dir: Path) -> list[Path]:
         ax.set(xlabel="load (requests/s)", ylabel="P95 end-to-end latency (s)", yscale="log", title=model)
         ax.legend(fontsize=6, ncol=2)
         path = out_dir / (re.sub(r"[^\w.-]+", "_", model) + ".png")
-        write_atomic(path, lambda tmp, fig=fig: fig.savefig(tmp, dpi=100, format="png"))
+        write_atomic(path, lambda tmp, fig=fig: fig.savefig(tmp, dpi=100, format="png"))  # type: ignore[misc]
         plt.close(fig)
         paths.append(path)
     return paths

@@ -99,7 +99,7 @@ def trace_models(params: Params) -> tuple[dict[str, dict[str, Any]], dict[str, n
         chunks, labels[name] = _held_out_chunks(params, AutoTokenizer.from_pretrained(str(checkpoint)))
         model = EarlyExitLM.for_inference(checkpoint, dtype=getattr(torch, section.dtype))  # as the engine runs it
         model.pack_vocab()
-        heads = {}
+        heads: dict[str, dict[int, Any]] = {}
         for kind in section.head_kinds:
             exit_layers, heads[kind] = read_heads(model, params.path(params.train_exits.output_dir) / name, kind)
         traces[name] = trace_kinds(model, chunks, exit_layers, heads, section.confidence)
@@ -158,7 +158,7 @@ def main(params: Params) -> dict[str, Any]:
     reports = params.path("reports") / STAGE
     for table, rows in tables.items():
         frame = pd.DataFrame([{k: v for k, v in r.items() if k != "first_exit_distribution"} for r in rows])
-        write_atomic(reports / f"{table}.csv", lambda tmp, frame=frame: frame.to_csv(tmp, index=False))
+        write_atomic(reports / f"{table}.csv", lambda tmp, frame=frame: frame.to_csv(tmp, index=False))  # type: ignore[misc]
     middle = section.thresholds[len(section.thresholds) // 2]
     plots = [plot_distribution(tables["observations"], middle, reports / "first_exit.png"),
              plot_agreement(tables["curves"], middle, reports / "agreement.png")]

@@ -77,6 +77,7 @@ def main(params: Params) -> dict[str, Any]:
     catalog = load_catalog(params.path(params.catalog))
     for model in section.files:
         catalog.model(model)  # a model the catalog does not hold is a named error before anything is read
+    skipped: str | None
     try:
         imported = import_annotations(params.path(section.source_dir).resolve(),
                                       {m: f.name for m, f in section.files.items()},

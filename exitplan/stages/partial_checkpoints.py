@@ -30,7 +30,7 @@ def wanted(params: Params) -> tuple[list[tuple[str, int]], list[str]]:
     for scenario in params.plan.scenarios:
         path = params.path(params.plan.output_dir) / scenario.name / "plan.json"
         if path.is_file():
-            cuts += plan_cuts(read_json(path, f"plan of {scenario.name}"), lambda m: catalog.model(m).num_layers)
+            cuts += plan_cuts(read_json(path, f"plan of {scenario.name}"), lambda m: catalog.llm(m).num_layers)
     cuts += [(c.model, c.layers) for c in params.partial_checkpoints.cuts]
     unique = list(dict.fromkeys(cuts))
     here = [c for c in unique if (params.checkpoint_path(c[0]) / "config.json").is_file()]

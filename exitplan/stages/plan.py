@@ -61,6 +61,8 @@ def binding_constraint(truth: list, scenario: PlanScenario) -> str:
                 f"${scenario.budget_per_hour}/h at {scenario.load_qps} req/s; the best quality that is feasible is "
                 f"{best_q:.3f}")
     fastest = best_under(truth, min_quality=scenario.min_quality)
+    if fastest is None:
+        return f"no plan within ${scenario.budget_per_hour}/h meets Q >= {scenario.min_quality}"
     return (f"the latency cap binds: P95 <= {scenario.max_p95_s} s is out of reach with Q >= "
             f"{scenario.min_quality} within ${scenario.budget_per_hour}/h; the lowest feasible P95 is "
             f"{fastest.latency:.3f} s (${fastest.cost:.2f}/h)")

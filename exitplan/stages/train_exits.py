@@ -89,7 +89,7 @@ def main(params: Params, model_name: str) -> dict[str, Any]:
     out_dir = params.path(section.output_dir) / model_name
     out_dir.mkdir(parents=True, exist_ok=True)
     for kind in dict.fromkeys(["identity", *section.head_kinds]):
-        heads = {}
+        heads: dict[int, torch.nn.Module] = {}
         for exit_layer in exits:
             if kind == "affine":
                 heads[exit_layer] = fit_affine(train_cache, exit_layer, section.ridge)
@@ -102,7 +102,7 @@ def main(params: Params, model_name: str) -> dict[str, Any]:
         if kind != "identity":
             save_heads(out_dir, kind, heads)
     final_perplexity = perplexity(model, eval_cache)
-    index = {
+    index: dict[str, Any] = {
         "model": model_name, "num_layers": model.num_layers, "exit_layers": exits,
         "kinds": list(dict.fromkeys(["identity", *section.head_kinds])),
         "final_perplexity": final_perplexity, "train_tokens": int(train.numel()),
@@ -111,7 +111,7 @@ def main(params: Params, model_name: str) -> dict[str, Any]:
         "exits": rows,
     }
     write_index(out_dir, index)  # an output: what the heads are, never how long they took (same inputs, same bytes)
-    summary = {**index, "collect_s": collected_s, "total_s": time.perf_counter() - started}
+    summary: dict[str, Any] = {**index, "collect_s": collected_s, "total_s": time.perf_counter() - started}
     reports = params.path("reports") / STAGE
     report = write_json(reports / f"{model_name}.json", summary)
     plot = plot_agreement(rows, model_name, reports / f"{model_name}.png")

@@ -91,6 +91,6 @@ def planning_catalog(params: Params) -> Catalog:
     if not params.build_perf_db.vllm_device:
         return catalog
     device = read_vllm_device(params.path(params.profile_vllm.output_dir) / DEVICE_FILE)
-    models = [catalog.model(m).model_copy(update={"dtype_bytes": 2}) for m in params.profile_vllm.models]
+    models = [catalog.llm(m).model_copy(update={"dtype_bytes": 2}) for m in params.profile_vllm.models]
     gpus = [g for g in catalog.gpus if g.id != device.gpu.id] + [holding(device, models)]
     return Catalog.model_validate({**catalog.model_dump(), "gpus": [g.model_dump() for g in gpus]})
