@@ -97,3 +97,24 @@ def test_a_local_fleet_renormalises_the_fractions_of_the_models_here() -> None:
     the_plan = {"models": [{"model": "a", "fraction": 0.2}, {"model": "b", "fraction": 0.3},
                            {"model": "c", "fraction": 0.5}]}
     assert local_fleet(the_plan, ["a", "c"])["fractions"] == pytest.approx([2 / 7, 5 / 7])
+
+
+def test_an_unknown_backend_on_the_command_line_is_a_named_error() -> None:
+    """`exitplan deploy --backend <wrong>`: a ConfigError naming the flag and the choices, before anything renders."""
+    from typer.testing import CliRunner
+
+    from exitplan import REPO_ROOT
+    from exitplan.cli import app
+    from exitplan.errors import ConfigError
+
+    result = CliRunner().invoke(app, ["deploy", "--backend", "tgi", "--params", str(REPO_ROOT / "params.yaml")])
+    assert isinstance(result.exception, ConfigError)
+    assert "--backend: 'tgi': must be 'exitplan' or 'vllm'" in str(result.exception)
+
+
+def test_an_embedder_where_a_language_model_is_needed_is_a_catalog_error(catalog) -> None:
+    from exitplan.errors import CatalogError
+
+    assert catalog.llm("Qwen/Qwen2.5-Coder-0.5B-Instruct").num_layers == 24
+    with pytest.raises(CatalogError, match="is an embedder, not a language model"):
+        catalog.llm("sentence-transformers/all-MiniLM-L6-v2")
