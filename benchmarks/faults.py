@@ -42,6 +42,7 @@ import pandas as pd
 from common import free_port, start
 
 from exitplan.deploy import LocalFleet, wait_healthy
+from exitplan.planner.plan_file import PLAN_FILE, Plan, read_plan
 from exitplan.routing.router_file import ROUTER_FILE
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -56,11 +57,11 @@ def engine(root: Path, name: str, port: int, env: dict) -> subprocess.Popen:
                             cwd=root, env=env, stderr=subprocess.DEVNULL)
 
 
-def launch(params, plan: dict, router: Path) -> tuple[LocalFleet, list[str], dict, dict]:
+def launch(params, plan: Plan, router: Path) -> tuple[LocalFleet, list[str], dict, dict]:
     """Three engine servers and the coordinator, healthy; returns the fleet, the models, the replicas' URLs by
     role and the processes' environment."""
     env = {**os.environ, "PYTHONPATH": str(params.root), "EXITPLAN_API_KEY": KEY}
-    models = [m["model"] for m in plan["models"]]
+    models = plan.model_ids
     fleet, urls = LocalFleet(""), {}
     for role, model in (("victim", models[0]), ("survivor", models[0]), ("large", models[1])):
         port = free_port()
@@ -71,7 +72,7 @@ def launch(params, plan: dict, router: Path) -> tuple[LocalFleet, list[str], dic
     replicas = [{"model": models[0], "url": urls["victim"], "weight": 0.5},
                 {"model": models[0], "url": urls["survivor"], "weight": 0.5},
                 {"model": models[1], "url": urls["large"], "weight": 1.0}]
-    config = {"fleet_name": "exitplan", "models": models, "fractions": [m["fraction"] for m in plan["models"]],
+    config = {"fleet_name": "exitplan", "models": models, "fractions": [m.fraction for m in plan.models],
               "router": str(router), "embedder": str(params.checkpoint_path(params.plan.embedder)),
               "replicas": replicas, "max_in_flight": 48, "request_timeout_s": 120, "cooldown_s": 5,
               "routing_window": 512, "max_attempts": 2, "failure_threshold": 3, "health_interval_s": 0.25}
@@ -219,7 +220,7 @@ def main() -> None:
     router = plan_dir / ROUTER_FILE
     if not router.is_file():
         sys.exit(f"no routing model at {router}: run `make run` first")
-    plan = json.loads((plan_dir / "plan.json").read_text())
+    plan = read_plan(plan_dir / PLAN_FILE)
     steady_s, tokens, clients, burst_size = (40, 48, 6, 120) if args.quick else (120, 64, 8, 240)
     queries = pd.read_parquet(params.path(params.prepare_workload.output_dir) / "queries.parquet")
     prompts = [p[:400] for p in queries.sample(frac=1.0, random_state=0)["prompt"].head(200)]

@@ -27,7 +27,6 @@ Last line: ``RESULT plan_p95_err=... ttft_err=... tpot_err=... e2e_p50_err=... f
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from common import start
 
 from exitplan.catalog import load_catalog
 from exitplan.deploy import start_local
+from exitplan.planner.plan_file import PLAN_FILE, read_plan
 from exitplan.profiling.device import DEVICE_FILE
 from exitplan.routing.router_file import ROUTER_FILE, load_router
 from exitplan.simulator.replica import RequestSet
@@ -157,7 +157,7 @@ def main() -> None:
     scenario = next(s for s in params.plan.scenarios if s.name == args.scenario)
     count, qps, cap = 16 if args.quick else 48, scenario.load_qps, params.build_perf_db.vllm_max_output_len
     plan_dir = params.path(params.plan.output_dir) / scenario.name
-    plan = json.loads((plan_dir / "plan.json").read_text())
+    plan = read_plan(plan_dir / PLAN_FILE)
     device = read_vllm_device(params.path(params.profile_vllm.output_dir) / DEVICE_FILE)
     frame = trace(params, count, qps, cap)
     fleet = start_local(params, plan, plan_dir / ROUTER_FILE, params.path(params.deploy.output_dir))
@@ -177,7 +177,7 @@ def main() -> None:
     measured["route_s"] = scorer_queue(measured["sent_s"].to_numpy(float), measured["score_s"].to_numpy(float))
     predicted = predict(params, measured, device)
     table = cells(predicted)
-    planned = {m["model"]: m["fraction"] for m in plan["models"]}
+    planned = {m.model: m.fraction for m in plan.models}
     print(f"{count} requests, Poisson {qps} req/s, answers capped at {cap} tokens; replicas {fleet.replica_urls}")
     print(f"{'sent s':>8}{'model':>34}{'prompt':>8}{'tokens':>8}{'TTFT s':>8}{'pred':>7}{'TPOT s':>8}{'pred':>7}"
           f"{'E2E s':>8}{'pred':>7}")
@@ -193,7 +193,7 @@ def main() -> None:
     fleet_rows = table[table["who"] == "fleet"].set_index(["metric", "q"])
     errors = {m: float(table[table["metric"] == m]["rel_err"].median()) for m in METRICS}
     worst = float(table[(table["who"] != "fleet") & (table["metric"] == "e2e") & (table["q"] == 95)]["measured"].max())
-    promised = float(plan["predicted_p95_s"])
+    promised = plan.predicted_p95_s
     print(f"plan {scenario.name}: predicted P95 (worst model) {promised:.3f} s, measured {worst:.3f} s; "
           f"all requests' P95 {fleet_rows.loc[('e2e', 95), 'measured']:.3f} s measured, "
           f"{fleet_rows.loc[('e2e', 95), 'predicted']:.3f} s simulated on the realised routing")

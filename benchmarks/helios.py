@@ -37,13 +37,13 @@ import torch
 from common import start  # benchmarks/ is the script's folder, so on sys.path
 
 from exitplan.earlyexit.checkpoint import INDEX
+from exitplan.engine.engine import Engine, EngineConfig
+from exitplan.engine.per_token import PerTokenEngine
+from exitplan.engine.request import Request
+from exitplan.engine.served import Candidate, ServedModel
+from exitplan.engine.telemetry import Telemetry
 from exitplan.quality import load_scorer, perplexity, rouge2
 from exitplan.workload.split import split_queries
-from serving.engine.engine import Engine, EngineConfig
-from serving.engine.per_token import PerTokenEngine
-from serving.engine.request import Request
-from serving.engine.served import Candidate, ServedModel
-from serving.engine.telemetry import Telemetry
 
 MIX = ("sharegpt", "gsm8k", "humaneval")
 

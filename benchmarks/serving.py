@@ -31,16 +31,17 @@ import pandas as pd
 from common import free_port, start
 
 from exitplan.deploy import LocalFleet, wait_healthy
+from exitplan.planner.plan_file import PLAN_FILE, Plan, read_plan
 from exitplan.routing.router_file import ROUTER_FILE
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
-def launch(params, plan: dict, router: Path, quick: bool) -> tuple[LocalFleet, dict]:
+def launch(params, plan: Plan, router: Path, quick: bool) -> tuple[LocalFleet, dict]:
     """One engine server per plan model and the coordinator, healthy."""
     python, env = sys.executable, {**os.environ, "PYTHONPATH": str(params.root)}
     fleet, replicas = LocalFleet(""), []
-    models = [m["model"] for m in plan["models"]]
+    models = plan.model_ids
     for model in models:
         port = free_port()
         serve = SMOLLM2 if quick else model
@@ -50,7 +51,7 @@ def launch(params, plan: dict, router: Path, quick: bool) -> tuple[LocalFleet, d
         replicas.append({"model": model, "url": f"http://127.0.0.1:{port}", "weight": 1.0})
     for replica, proc in zip(replicas, fleet.processes, strict=True):
         wait_healthy(replica["url"], 600, proc)
-    config = {"fleet_name": "exitplan", "models": models, "fractions": [m["fraction"] for m in plan["models"]],
+    config = {"fleet_name": "exitplan", "models": models, "fractions": [m.fraction for m in plan.models],
               "router": str(router), "embedder": str(params.checkpoint_path(params.plan.embedder)),
               "replicas": replicas, "max_in_flight": 256, "request_timeout_s": 300, "cooldown_s": 5,
               "routing_window": 512}
@@ -105,7 +106,7 @@ def pct(values, q) -> float:
 def main() -> None:
     args, params = start(__doc__)
     plan_dir = params.path(params.plan.output_dir) / params.plan.scenarios[0].name
-    plan, router = json.loads((plan_dir / "plan.json").read_text()), plan_dir / ROUTER_FILE
+    plan, router = read_plan(plan_dir / PLAN_FILE), plan_dir / ROUTER_FILE
     if not router.is_file():
         sys.exit(f"no routing model at {router}: run `make run` first")
     count, tokens, concurrency = (48, 12, 8) if args.quick else (96, 24, 8)

@@ -26,14 +26,14 @@ import numpy as np
 from common import start  # benchmarks/ is the script's folder, so on sys.path
 
 from exitplan.config import EngineParams
+from exitplan.engine.engine import Engine, EngineConfig
+from exitplan.engine.request import Request
+from exitplan.engine.served import Candidate
 from exitplan.errors import ExitplanError
 from exitplan.simulator.cost_model import ReplicaSpec
 from exitplan.simulator.replica import ReplicaSimulator, RequestSet
 from exitplan.stages.profile_device import catalog_model, load_device
 from exitplan.workload.split import split_queries
-from serving.engine.engine import Engine, EngineConfig
-from serving.engine.request import Request
-from serving.engine.served import Candidate
 
 MIX = ("sharegpt", "gsm8k", "humaneval")
 GIB = 2**30

@@ -259,16 +259,33 @@ def stage_plan(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
     """Co-optimise routing and deployment per scenario (BOUTE); register the first scenario's plan."""
     loaded, result = _run_stage("plan", params)
     for name, plan in result["plans"].items():
-        console.print(f"{name}: P95 {plan['predicted_p95_s']:.3f} s, quality {plan['predicted_quality']:.3f}, "
-                      f"${plan['cost_per_hour']:.2f}/h, fractions "
-                      f"{[round(m['fraction'], 2) for m in plan['models']]} ({plan['evaluations']} evaluations, "
-                      f"{plan['mobo_seconds']:.0f} s)")
+        console.print(f"{name}: P95 {plan.predicted_p95_s:.3f} s, quality {plan.predicted_quality:.3f}, "
+                      f"${plan.cost_per_hour:.2f}/h, fractions {[round(m.fraction, 2) for m in plan.models]} "
+                      f"({plan.evaluations} evaluations, {result['times'][name]['mobo_seconds']:.0f} s)")
     for name, why in result["skipped"].items():
         console.print(f"{name}: skipped - {why}")
     for name, version in result.get("versions", {}).items():
         if version:
             console.print(f"{name}: registered as {loaded.plan.registered_name(name)} version {version} (alias "
                           f"challenger)")
+
+
+@stage_app.command("online-profile")
+def stage_online_profile(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
+    """HELIOS online profiling of the candidates into the PHT, and the reference telemetry."""
+    result = _run_stage("online_profile", params)[1]
+    console.print(f"online_profile: serving {result['served_model']} at exit {result['served_exit_layer']} "
+                  f"(breach rate {result['breach_rate']:.3f}) on {result['requests']} requests from "
+                  f"{result['source']}")
+
+
+@stage_app.command("gate")
+def stage_gate(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
+    """Every expectation the challenger plan must meet before promotion, in one report (never fails on a failed
+    gate: ``exitplan promote`` reads the report)."""
+    from exitplan.stages.gate import describe
+
+    console.print(describe(_run_stage("gate", params)[1]), highlight=False)
 
 
 @app.command("promote")

@@ -708,7 +708,7 @@ class PlanParams(StrictModel):
 
 
 class HeliosParams(StrictModel):
-    """The HELIOS engine (serving/engine): candidates, confidence guard, profiling cadence, memory."""
+    """The HELIOS engine (exitplan/engine): candidates, confidence guard, profiling cadence, memory."""
 
     candidates: list[str] = Field(min_length=1)
     """Models the engine may serve, each with an exit checkpoint from ``train_exits`` (HELIOS step 1 picks the

@@ -27,6 +27,7 @@ from typing import Any, cast
 from exitplan.catalog import Catalog
 from exitplan.config import EngineParams, Params
 from exitplan.errors import ExitplanError
+from exitplan.planner.plan_file import Plan, parse_plan
 from exitplan.routing.router_file import ROUTER_FILE
 
 CUDA_LOCK = "requirements-vllm-cuda.lock"
@@ -73,7 +74,7 @@ def vllm_args(model: str, tp: int, pp: int, port: int, engine: EngineParams, lay
     return ["vllm", "serve", source, *serve_flags(Platform.CUDA, Replica(model, host, port, tp, pp), engine)]
 
 
-def render(plan: dict[str, Any], catalog: Catalog, engine: EngineParams, base_port: int,
+def render(plan: Plan, catalog: Catalog, engine: EngineParams, base_port: int,
            bind: str = "127.0.0.1") -> list[ReplicaLaunch]:
     """Replicas of every deployed model of ``plan``, packed onto hosts of their GPU type.
 
@@ -83,17 +84,15 @@ def render(plan: dict[str, Any], catalog: Catalog, engine: EngineParams, base_po
     replicas: list[ReplicaLaunch] = []
     used: dict[str, list[int]] = {}  # gpu type -> GPUs used on each host so far
     port = base_port
-    for entry in plan["models"]:
-        if not entry.get("deployed", True) or entry["fraction"] <= 0:
-            continue
-        weights = iter(entry.get("replica_weights") or [])
-        for group in entry["groups"]:
-            gpu = catalog.gpu(group["gpu"])
-            size = group["tp"] * group["pp"]
+    for entry in plan.served:
+        weights = iter(entry.replica_weights)
+        for group in entry.groups:
+            gpu = catalog.gpu(group.gpu)
+            size = group.tp * group.pp
             if size > gpu.gpus_per_node:
-                raise ExitplanError(f"{entry['model']}: tp x pp = {size} does not fit a {gpu.id} host of "
+                raise ExitplanError(f"{entry.model}: tp x pp = {size} does not fit a {gpu.id} host of "
                                     f"{gpu.gpus_per_node} GPUs")
-            for _ in range(group["dp"]):
+            for _ in range(group.dp):
                 hosts = used.setdefault(gpu.id, [])
                 host = next((i for i, n in enumerate(hosts) if n + size <= gpu.gpus_per_node), None)
                 if host is None:
@@ -101,23 +100,21 @@ def render(plan: dict[str, Any], catalog: Catalog, engine: EngineParams, base_po
                     host = len(hosts) - 1
                 devices = list(range(hosts[host], hosts[host] + size))
                 hosts[host] += size
-                total = catalog.llm(entry["model"]).num_layers
+                total = catalog.llm(entry.model).num_layers
                 replicas.append(ReplicaLaunch(
-                    entry["model"], gpu.id, f"{gpu.id}-{host}", devices, port,
-                    float(next(weights, 1.0 / group["dp"])), group.get("layers", total),
-                    vllm_args(entry["model"], group["tp"], group["pp"], port, engine, group.get("layers"), total,
-                              bind)))
+                    entry.model, gpu.id, f"{gpu.id}-{host}", devices, port,
+                    float(next(weights, 1.0 / group.dp)), group.layers or total,
+                    vllm_args(entry.model, group.tp, group.pp, port, engine, group.layers, total, bind)))
                 port += 1
     return replicas
 
 
-def fleet_config(plan: dict[str, Any], replicas: list[ReplicaLaunch], params: Params, router: Path | None,
+def fleet_config(plan: Plan, replicas: list[ReplicaLaunch], params: Params, router: Path | None,
                  url_of: dict[int, str] | None = None) -> dict[str, Any]:
     """What the coordinator needs: models (smallest first), fractions, replicas with weights, the routing model."""
-    models = [m["model"] for m in plan["models"]]
     section = params.deploy
-    return {"fleet_name": section.fleet_name, "models": models,
-            "fractions": [m["fraction"] for m in plan["models"]], "thresholds": plan.get("thresholds", []),
+    return {"fleet_name": section.fleet_name, "models": plan.model_ids,
+            "fractions": [m.fraction for m in plan.models], "thresholds": plan.thresholds,
             "router": str(router) if router else None,
             "embedder": str(params.checkpoint_path(params.plan.embedder)),
             "replicas": [{"model": r.model, "url": (url_of or {}).get(r.port, f"http://{r.host}:{r.port}"),
@@ -215,18 +212,18 @@ def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = Non
     raise ExitplanError(f"{url} was not healthy after {timeout_s:.0f} s")
 
 
-def local_fleet(plan: dict[str, Any], local: list[str]) -> dict[str, Any]:
+def local_fleet(plan: Plan, local: list[str]) -> dict[str, Any]:
     """Routing over the plan models that run here: their fractions renormalised (a model that cannot run here
     hands its share to those that can, in the plan's proportions)."""
-    shares = {m["model"]: m["fraction"] for m in plan["models"] if m["model"] in local}
+    shares = {m.model: m.fraction for m in plan.models if m.model in local}
     total = sum(shares.values())
     if total <= 0:
         return {"models": local, "fractions": [1.0 / len(local)] * len(local), "plan_models": list(shares)}
     return {"models": local, "fractions": [shares[m] / total for m in local],
-            "plan_models": [m["model"] for m in plan["models"]]}
+            "plan_models": plan.model_ids}
 
 
-def start_local(params: Params, plan: dict[str, Any], router: Path | None, out: Path) -> LocalFleet:
+def start_local(params: Params, plan: Plan, router: Path | None, out: Path) -> LocalFleet:
     """Start the replicas of the plan models that run here (``deploy.backend``: our engine servers or vLLM) and
     the coordinator in front of them; wait for health.
 
@@ -234,7 +231,7 @@ def start_local(params: Params, plan: dict[str, Any], router: Path | None, out: 
         ExitplanError: when no plan model runs here, or a server does not come up (the others are stopped).
     """
     section = params.deploy
-    local = [m["model"] for m in plan["models"] if (params.checkpoint_path(m["model"]) / "config.json").is_file()]
+    local = [m for m in plan.model_ids if (params.checkpoint_path(m) / "config.json").is_file()]
     if not local:
         raise ExitplanError("no model of the plan has a checkpoint here: nothing to start locally")
     fleet = LocalFleet(f"http://{section.host}:{section.coordinator_port}")
@@ -288,20 +285,9 @@ def _start_engine_servers(params: Params, local: list[str], fleet: LocalFleet) -
     return replicas
 
 
-def plan_replica_counts(plan: dict[str, Any], models: list[str]) -> dict[str, int]:
+def plan_replica_counts(plan: Plan, models: list[str]) -> dict[str, int]:
     """Replicas the plan gives each of ``models`` (its DP ranks over all groups; at least one)."""
-    counts = {}
-    for entry in plan["models"]:
-        if entry["model"] in models:
-            counts[entry["model"]] = max(1, sum(int(g.get("dp", 1)) for g in entry.get("groups", [])))
-    return counts
-
-
-def plan_layers(plan: dict[str, Any], model: str) -> int | None:
-    """Layers the plan's (first) group of ``model`` holds (``None``: the whole model)."""
-    entry = next((m for m in plan["models"] if m["model"] == model), None)
-    groups = entry.get("groups", []) if entry else []
-    return int(groups[0]["layers"]) if groups and "layers" in groups[0] else None
+    return {m.model: m.replicas for m in plan.models if m.model in models}
 
 
 def partial_path(params: Params, model: str, layers: int) -> Path:
@@ -311,7 +297,7 @@ def partial_path(params: Params, model: str, layers: int) -> Path:
     return params.path(params.partial_checkpoints.output_dir) / partial_name(model, layers)
 
 
-def replica_checkpoint(params: Params, plan: dict[str, Any], model: str) -> Path:
+def replica_checkpoint(params: Params, plan: Plan, model: str) -> Path:
     """The checkpoint a local replica of ``model`` serves: the fetched one, or, when the plan holds fewer layers than
     the model (a partial early-exit replica), its cut from ``partial_checkpoints``.
 
@@ -321,7 +307,8 @@ def replica_checkpoint(params: Params, plan: dict[str, Any], model: str) -> Path
     from exitplan.vllm.truncate import read_layers
 
     full = params.checkpoint_path(model)
-    layers = plan_layers(plan, model)
+    entry = plan.entry(model)
+    layers = entry.layers if entry else None
     if layers is None or layers >= read_layers(full):
         return full
     cut = partial_path(params, model, layers)
@@ -370,7 +357,7 @@ def replica_order(counts: dict[str, int]) -> list[str]:
     return order
 
 
-def _start_vllm_replicas(params: Params, plan: dict[str, Any], local: list[str], fleet: LocalFleet,
+def _start_vllm_replicas(params: Params, plan: Plan, local: list[str], fleet: LocalFleet,
                          out: Path) -> list[ReplicaLaunch]:
     """vLLM CPU replicas: one per plan replica of each local model, as many as this machine's cores and RAM
     hold, each on its own cores; all start at once (each compiles its model), then each is waited for.
@@ -442,7 +429,7 @@ class Rendered:
     """
 
     version: str
-    plan: dict[str, Any]
+    plan: Plan
     router: Path | None
     replicas: list[ReplicaLaunch]
     files: list[Path]
@@ -464,10 +451,8 @@ def render_champion(params: Params) -> Rendered:
     if champion is None:
         raise ExitplanError(f"{name} has no 'champion': promote a plan first (`exitplan promote`)")
     version = champion["version"]
-    from exitplan.files import parse_json
-
-    plan = parse_json(tracking.plan_artifact(params.tracking, params.root, name, version),
-                      f"plan.json of {name} version {version}", hint="re-run the plan stage and promote it")
+    plan = parse_plan(tracking.plan_artifact(params.tracking, params.root, name, version),
+                      f"plan.json of {name} version {version}")
     out = params.path(params.deploy.output_dir)
     router: Path | None = None
     try:
@@ -480,6 +465,5 @@ def render_champion(params: Params) -> Rendered:
                       "0.0.0.0" if params.deploy.bind_all else "127.0.0.1")
     files = write_launch_files(out, replicas, fleet_config(plan, replicas, params, router), version,
                                params.deploy.api_key_env, params.deploy.require_api_key)
-    missing = bundle_partials(params, replicas, out, {m["model"]: catalog.llm(m["model"]).num_layers
-                                                      for m in plan["models"]})
+    missing = bundle_partials(params, replicas, out, {m: catalog.llm(m).num_layers for m in plan.model_ids})
     return Rendered(version, plan, router, replicas, files, missing)

@@ -1,6 +1,6 @@
 """Promotion: the gated move of the MLflow alias ``champion`` to the ``challenger`` plan, and rollback.
 
-A challenger is promoted only if the gate report (``validation.gate``) is for exactly its plan (same SHA-256), every
+A challenger is promoted only if the gate report (stage ``gate``) is for exactly its plan (same SHA-256), every
 expectation in it held, and its served perplexity is within ``gates.tolerance_rel`` of the champion's for every
 model both serve. The promoted version records the gate results, the DVC hashes of its inputs and the git commit.
 Any failure raises :class:`~exitplan.errors.GateFailed` before the alias is touched.
@@ -100,17 +100,19 @@ def register_pulled_plan(params: Params) -> dict[str, Any] | None:
     Returns:
         The new challenger (as :func:`exitplan.tracking.alias_version` gives it), or None without a plan output.
     """
+    from exitplan.planner.plan_file import plan_path
     from exitplan.routing.router_file import ROUTER_FILE
 
     section = params.plan
     first = section.scenarios[0].name
-    out = params.path(section.output_dir) / first
-    if not (out / "plan.json").is_file():
+    path = plan_path(params, first)
+    out = path.parent
+    if not path.is_file():
         return None
     reports = [p for p in (params.path("reports") / "plan" / "metrics.json", out / "front.parquet") if p.is_file()]
     router = out / ROUTER_FILE
     name = section.registered_name(first)
-    version = tracking.register_plan(params.tracking, params.root, "plan", out / "plan.json", name,
+    version = tracking.register_plan(params.tracking, params.root, "plan", path, name,
                                      section.model_dump(), {}, reports, router_path=router if router.is_file()
                                      else None)
     if version is None:

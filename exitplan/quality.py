@@ -1,7 +1,8 @@
 """Quality of generated outputs: held-out prompts, perplexity under a full model, ROUGE-2 against a reference run.
 
-Used by the promotion gate (``validation/``), HELIOS online profiling and the HELIOS benchmark. Outputs are token
-ids; ROUGE-2 is computed over token ids as words, so it needs no detokenisation and is exact for any vocabulary.
+Used by the promotion gate (``exitplan.engine.served_quality``), HELIOS online profiling and the HELIOS benchmark.
+Outputs are token ids; ROUGE-2 is computed over token ids as words, so it needs no detokenisation and is exact for
+any vocabulary.
 """
 
 from __future__ import annotations

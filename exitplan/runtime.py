@@ -1,5 +1,4 @@
-"""How a stage that runs the real models uses this machine: its torch threads, its memory allocator, and its params
-from the command line.
+"""How a stage that runs the real models uses this machine: its torch threads, and its memory allocator.
 
 Nothing here is a pipeline input: the thread count and the allocator change how fast a stage runs, not what it
 computes (beyond the order of floating-point sums), so no stage lists them as a DVC parameter.
@@ -9,10 +8,9 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
-from exitplan.config import DEFAULT_PARAMS, Params, load_params
+from exitplan.config import Params
 
 MODEL_STAGES = frozenset({"train_exits", "exit_profile", "label_quality", "online_profile", "gate"})
 """Stages that run the real models, and so take ``runtime.model_threads`` torch threads."""
@@ -27,7 +25,7 @@ def preload_tcmalloc(params: Params, stage: str) -> None:
     """Re-execute this process with :data:`TCMALLOC` preloaded (``LD_PRELOAD``) if ``stage`` runs the real models,
     ``runtime.preload_tcmalloc`` is on, the library is installed and not loaded yet; otherwise return. The same
     command line runs again (``sys.orig_argv``), so only a stage's entry point calls this, before any work (the
-    console script for ``exitplan stage ...``, a ``python -m`` stage's ``__main__``), never code run in process."""
+    console script for ``exitplan stage ...``), never code run in process."""
     preloaded = os.environ.get("LD_PRELOAD", "")
     if (stage not in MODEL_STAGES or not params.runtime.preload_tcmalloc or not TCMALLOC.is_file()
             or str(TCMALLOC) in preloaded.split(":")):
@@ -48,24 +46,3 @@ def use_model_threads(params: Params, stage: str) -> int:
         torch.set_num_threads(params.runtime.model_threads)
     return torch.get_num_threads()
 
-
-def stage_params(stage: str, argv: Sequence[str]) -> Params:
-    """The validated params of a ``python -m`` stage (``--params PATH`` in ``argv``, else params.yaml), with the
-    stage's threads set.
-
-    Raises:
-        ConfigError: if the params file is invalid.
-        ExitplanError: if ``--params`` has no value.
-    """
-    from exitplan.errors import ExitplanError
-
-    args = list(argv)
-    path = Path(DEFAULT_PARAMS)
-    if "--params" in args:
-        at = args.index("--params")
-        if at + 1 >= len(args):
-            raise ExitplanError("--params needs a path")
-        path = Path(args[at + 1])
-    params = load_params(path)
-    use_model_threads(params, stage)
-    return params

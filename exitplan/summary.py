@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from exitplan.config import Params
+from exitplan.planner.plan_file import Plan, parse_plan, plan_path
 
 
-def _champion(params: Params) -> tuple[str, dict] | None:
+def _champion(params: Params) -> tuple[str, Plan] | None:
     """The champion's version and plan, from the MLflow registry (None: no champion yet)."""
     from exitplan import tracking
 
@@ -15,16 +16,14 @@ def _champion(params: Params) -> tuple[str, dict] | None:
     found = tracking.alias_version(params.tracking, params.root, name, "champion")
     if found is None:
         return None
-    from exitplan.files import parse_json
-
     raw = tracking.plan_artifact(params.tracking, params.root, name, found["version"])
-    return found["version"], parse_json(raw, f"plan.json of {name} version {found['version']}")
+    return found["version"], parse_plan(raw, f"plan.json of {name} version {found['version']}")
 
 
 def promoted_plan(params: Params) -> str:
     """The champion plan in a few lines (or why there is none yet)."""
     scenario = params.plan.scenarios[0]
-    path = params.path(params.plan.output_dir) / scenario.name / "plan.json"
+    path = plan_path(params, scenario.name)
     champion = _champion(params)
     if champion is None:
         return (f"  no champion plan yet: the challenger ({path}) is promoted once its gates pass "
@@ -32,12 +31,12 @@ def promoted_plan(params: Params) -> str:
     version, plan = champion
     head = (f"  promoted plan '{scenario.name}' (MLflow model {params.plan.registered_model} v{version}, "
             f"alias champion): "
-            f"P95 {plan['predicted_p95_s']:.3f} s, quality {plan['predicted_quality']:.3f}, "
-            f"${plan['cost_per_hour']:.2f}/h of ${plan['budget_per_hour']}/h at {plan['load_qps']} req/s")
+            f"P95 {plan.predicted_p95_s:.3f} s, quality {plan.predicted_quality:.3f}, "
+            f"${plan.cost_per_hour:.2f}/h of ${plan.budget_per_hour}/h at {plan.load_qps} req/s")
     lines = [head]
-    for m in plan["models"]:
-        groups = ", ".join(f"{g['dp']} x {g['gpu']} (tp={g['tp']}, pp={g['pp']})" for g in m["groups"]) or "-"
-        lines.append(f"    {m['model']}: {m['fraction']:.0%} of the load -> {groups}")
+    for m in plan.models:
+        groups = ", ".join(f"{g.dp} x {g.gpu} (tp={g.tp}, pp={g.pp})" for g in m.groups) or "-"
+        lines.append(f"    {m.model}: {m.fraction:.0%} of the load -> {groups}")
     lines.append(f"  Pareto plot: reports/plan/{scenario.name}/front.png; plan: {path}")
     return "\n".join(lines)
 

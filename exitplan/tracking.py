@@ -150,7 +150,6 @@ def register_plan(settings: TrackingParams, root: Path, stage: str, plan_path: P
     """
     if not settings.enabled:
         return None
-    import json
 
     import mlflow
     import mlflow.pyfunc
@@ -159,13 +158,15 @@ def register_plan(settings: TrackingParams, root: Path, stage: str, plan_path: P
         """Routes scored queries by the plan's thresholds."""
 
         def load_context(self, context: Any) -> None:
-            self.plan = json.loads(Path(context.artifacts["plan"]).read_text())
+            from exitplan.planner.plan_file import read_plan
+
+            self.plan = read_plan(Path(context.artifacts["plan"]))
 
         def predict(self, context: Any, model_input: Any, params: Any = None) -> list[str]:
             import numpy as np
 
-            cuts = np.asarray(self.plan["thresholds"], float)
-            models = [m["model"] for m in self.plan["models"]]
+            cuts = np.asarray(self.plan.thresholds, float)
+            models = self.plan.model_ids
             return [models[i] for i in np.searchsorted(cuts, model_input["score"].to_numpy(), side="right")]
 
     use_experiment(settings, root)

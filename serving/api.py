@@ -27,7 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serving.engine.request import Request
+from exitplan.engine.request import Request
 from serving.guard import DEFAULT_MAX_BODY_BYTES, Drain, Guard
 from serving.openai_schema import ChatRequest, CompletionRequest, completion, error_body, new_id
 from serving.worker import EngineWorker, Failure, QueueFull, ShuttingDown
@@ -151,7 +151,7 @@ class EngineApi:
     """
 
     def __init__(self, worker: EngineWorker, tokenizer: Any, settings: ServerSettings) -> None:
-        from serving.engine.factory import stop_ids
+        from exitplan.engine.factory import stop_ids
 
         self.worker, self.tokenizer, self.settings = worker, tokenizer, settings
         self.stop = stop_ids(tokenizer)

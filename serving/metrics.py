@@ -36,7 +36,7 @@ class ServerMetrics:
                                 registry=r)
 
     def step(self, record: Any) -> None:
-        """Account one engine step (a :class:`~serving.engine.telemetry.StepRecord`)."""
+        """Account one engine step (a :class:`~exitplan.engine.telemetry.StepRecord`)."""
         self.batch_size.observe(record.batch)
         for _ in range(record.batch):  # one token per sequence per step, all exiting at the step's layer
             self.exit_layer.observe(record.exit_layer)

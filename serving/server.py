@@ -23,9 +23,9 @@ def make_app(candidate: Any, config: Any, pht: Any, settings: Any, max_queue: in
     """The app serving one candidate with an engine of ``config`` (worker started by the app's lifespan)."""
     from transformers import AutoTokenizer
 
+    from exitplan.engine.engine import Engine
+    from exitplan.engine.served import num_layers
     from serving.api import create_app
-    from serving.engine.engine import Engine
-    from serving.engine.served import num_layers
     from serving.metrics import ServerMetrics
     from serving.worker import EngineWorker
 
@@ -39,9 +39,9 @@ def build(params: Params, model: str, max_context: int, max_queue: int, request_
           api_key: str | None, telemetry: Path | None, memory_gib: float | None = None, mode: str | None = None,
           served_name: str | None = None):
     """The app serving ``model`` as params say (not yet started)."""
+    from exitplan.engine.factory import GIB, candidates, engine_config
     from exitplan.profiling.pht import PerformanceHistoryTable
     from serving.api import ServerSettings
-    from serving.engine.factory import GIB, candidates, engine_config
 
     (candidate,) = candidates(params, [model])
     params.fetched(model)

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from exitplan.engine.engine import Engine
+from exitplan.engine.request import Request
+from exitplan.engine.telemetry import request_rows
 from exitplan.errors import ExitplanError
-from serving.engine.engine import Engine
-from serving.engine.request import Request
-from serving.engine.telemetry import request_rows
 from serving.metrics import ServerMetrics
 
 
@@ -248,7 +248,8 @@ class EngineWorker:
         for handle in self._handles.values():
             handle.on_event("error", failure)
         self._handles.clear()
-        pool = self.engine.served.pool if self.engine.served is not None else None
+        served = self.engine.served
+        pool = served.pool if served is not None and served.has_pool else None
         for request in self.engine.running:
             if pool is not None:
                 pool.release(request.blocks)

@@ -1,6 +1,6 @@
 """Drift of live traffic against the profiled reference: HELIOS step 4's trigger, as statistical tests.
 
-Both windows are per-request telemetry frames (``serving.engine.telemetry.REQUEST_COLUMNS``): each generated
+Both windows are per-request telemetry frames (``exitplan.engine.telemetry.REQUEST_COLUMNS``): each generated
 token's exit layer and confidence. Three two-sample tests, each at level ``alpha`` and each needing an effect of at
 least ``min_effect`` besides significance (a large window makes a tiny shift significant; a shift of a few points is
 not worth a re-plan):

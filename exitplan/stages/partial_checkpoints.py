@@ -22,15 +22,15 @@ STAGE = "partial_checkpoints"
 def wanted(params: Params) -> tuple[list[tuple[str, int]], list[str]]:
     """The cuts to write (the plans' partial replicas, then ``cuts``) and the plans' models not fetched here."""
     from exitplan.catalog import load_catalog
-    from exitplan.files import read_json
+    from exitplan.planner.plan_file import plan_path, read_plan
     from exitplan.vllm.truncate import plan_cuts
 
     catalog = load_catalog(params.path(params.catalog))
     cuts: list[tuple[str, int]] = []
     for scenario in params.plan.scenarios:
-        path = params.path(params.plan.output_dir) / scenario.name / "plan.json"
+        path = plan_path(params, scenario.name)
         if path.is_file():
-            cuts += plan_cuts(read_json(path, f"plan of {scenario.name}"), lambda m: catalog.llm(m).num_layers)
+            cuts += plan_cuts(read_plan(path), lambda m: catalog.llm(m).num_layers)
     cuts += [(c.model, c.layers) for c in params.partial_checkpoints.cuts]
     unique = list(dict.fromkeys(cuts))
     here = [c for c in unique if (params.checkpoint_path(c[0]) / "config.json").is_file()]

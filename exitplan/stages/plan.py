@@ -11,6 +11,7 @@ import numpy as np
 from exitplan.atomic import write_atomic, write_json, write_parquet
 from exitplan.config import Params, PlanScenario
 from exitplan.errors import ExitplanError, LabelsNotFound
+from exitplan.planner.plan_file import PLAN_FILE, Baseline, GroupPlan, ModelPlan, Plan, write_plan
 from exitplan.routing.router_file import ROUTER_FILE, RoutingModel, dump_router
 from exitplan.tracking import register_plan
 
@@ -68,8 +69,9 @@ def binding_constraint(truth: list, scenario: PlanScenario) -> str:
             f"{fastest.latency:.3f} s (${fastest.cost:.2f}/h)")
 
 
-def describe(problem: Any, plan: Any, window: np.ndarray, params: Params) -> dict[str, Any]:
-    """The plan as JSON: per model its fraction, threshold, GPU groups, replica load weights, predicted P95/P99."""
+def describe(problem: Any, plan: Any, window: np.ndarray, params: Params, **extra: Any) -> Plan:
+    """The plan file: per model its fraction, threshold, GPU groups, replica load weights, predicted P95/P99
+    (``extra``: the scenario's other fields of :class:`Plan`)."""
     from exitplan.planner.build import deployment_curves
     from exitplan.routing.fractions import thresholds
     from exitplan.simulator.curve import best_split
@@ -79,20 +81,19 @@ def describe(problem: Any, plan: Any, window: np.ndarray, params: Params) -> dic
     for m, c, f in zip(problem.models, plan.choice, plan.fractions, strict=True):
         cand = problem.candidates[m][c]
         load = f * problem.load
-        entry = {"model": m, "fraction": f, "load_qps": load, "deployed": f >= 1e-3, "cost_per_hour": 0.0,
-                 "groups": [], "replica_weights": []}
+        entry: dict[str, Any] = {"model": m, "fraction": f, "load_qps": load, "deployed": f >= 1e-3}
         if f >= 1e-3:
             weights, p95 = best_split(load, cand.replica_curves(problem.curves[m]))
             p99_curves = deployment_curves(params_db(params), m, [g.gpu for g in cand.groups], "e2e_p99_s")
             _, p99 = best_split(load, cand.replica_curves(p99_curves))
             entry.update(cost_per_hour=cand.cost, predicted_p95_s=p95, predicted_p99_s=p99,
                          replica_weights=list(np.asarray(weights) / load),
-                         groups=[{"gpu": g.gpu, "tp": g.tp, "pp": g.pp, "dp": g.dp, "gpus": g.gpus,
-                                  "layers": g.layers} for g in cand.groups])
-        models.append(entry)
-    return {"models": models, "thresholds": [float(x) for x in cuts], "predicted_p95_s": plan.latency,
-            "predicted_quality": plan.quality, "cost_per_hour": plan.cost, "load_qps": problem.load,
-            "budget_per_hour": problem.budget}
+                         groups=[GroupPlan(gpu=g.gpu, tp=g.tp, pp=g.pp, dp=g.dp, gpus=g.gpus, layers=g.layers)
+                                 for g in cand.groups])
+        models.append(ModelPlan(**entry))
+    return Plan(models=models, thresholds=[float(x) for x in cuts], predicted_p95_s=plan.latency,
+                predicted_quality=plan.quality, cost_per_hour=plan.cost, load_qps=problem.load,
+                budget_per_hour=problem.budget, **extra)
 
 
 _DB: dict[str, Any] = {}
@@ -175,22 +176,22 @@ def run_scenario(params: Params, scenario: PlanScenario) -> dict[str, Any]:
     frame["fractions"] = frame["fractions"].map(list)
     frame["choice"] = frame["choice"].map(list)
     write_parquet(out / "front.parquet", frame)
-    plan = describe(problem, chosen, routing["window"], params)
-    plan.update(scenario=scenario.name, slo={"max_p95_s": scenario.max_p95_s, "min_quality": scenario.min_quality},
-                baselines={k: (None if p is None else {"p95_s": p.latency, "quality": p.quality, "cost": p.cost})
-                           for k, p in marks.items()},
-                quality_curve={"f_large": routing["grid"][:, -1].tolist(), "router": routing["values"].tolist(),
-                               "oracle": routing["oracle"].tolist(), "random": routing["random"].tolist()},
-                mobo_seconds=mobo.seconds, evaluations=len(mobo.plans), seconds=time.perf_counter() - started,
-                found_by="mobo" if chosen is from_mobo else "exhaustive",
-                mobo_p95_s=None if from_mobo is None else from_mobo.latency)
-    write_json(out / "plan.json", plan)
+    plan = describe(problem, chosen, routing["window"], params, scenario=scenario.name,
+                    slo={"max_p95_s": scenario.max_p95_s, "min_quality": scenario.min_quality},
+                    baselines={k: (None if p is None else Baseline(p95_s=p.latency, quality=p.quality, cost=p.cost))
+                               for k, p in marks.items()},
+                    quality_curve={"f_large": routing["grid"][:, -1].tolist(), "router": routing["values"].tolist(),
+                                   "oracle": routing["oracle"].tolist(), "random": routing["random"].tolist()},
+                    evaluations=len(mobo.plans), found_by="mobo" if chosen is from_mobo else "exhaustive",
+                    mobo_p95_s=None if from_mobo is None else from_mobo.latency)
+    write_plan(out / PLAN_FILE, plan)
     save_router(out / ROUTER_FILE, section.embedder, scenario.models, routing["scorer"], routing["window"])
     reports = params.path("reports") / STAGE / scenario.name
     png = plot_front(reports / "front.png", f"{scenario.name}: {scenario.load_qps} req/s, "
                      f"${scenario.budget_per_hour}/h", mobo.plans, truth, marks, chosen)
-    return {"name": scenario.name, "plan": plan, "plan_path": out / "plan.json", "png": png,
-            "front": out / "front.parquet", "router": out / ROUTER_FILE}
+    return {"name": scenario.name, "plan": plan, "plan_path": out / PLAN_FILE, "png": png,
+            "front": out / "front.parquet", "router": out / ROUTER_FILE,
+            "times": {"mobo_seconds": mobo.seconds, "seconds": time.perf_counter() - started}}
 
 
 def save_router(path: Path, embedder: str, models: list[str], scorer: Any, window: np.ndarray) -> Path:
@@ -222,12 +223,14 @@ def main(params: Params) -> dict[str, Any]:
                 raise
             skipped[scenario.name] = skip_reason(params, exc)
     first = results[0]
-    metrics = {f"{r['name']}.{k}": r["plan"][k] for r in results
-               for k in ("predicted_p95_s", "predicted_quality", "cost_per_hour", "mobo_seconds")}
+    metrics = {f"{r['name']}.{k}": getattr(r["plan"], k) for r in results
+               for k in ("predicted_p95_s", "predicted_quality", "cost_per_hour")}
+    metrics.update({f"{r['name']}.{k}": v for r in results for k, v in r["times"].items()})
     report = write_json(params.path("reports") / STAGE / "metrics.json", {**metrics, "skipped": skipped})
     versions = {r["name"]: register_plan(params.tracking, params.root, STAGE, r["plan_path"],
                                          params.plan.registered_name(r["name"]), params.plan.model_dump(), metrics,
                                          [report, r["png"], r["front"]], router_path=r["router"])
                 for r in results}
-    return {"plans": {r["name"]: r["plan"] for r in results}, "skipped": skipped, "version": versions[first["name"]],
+    return {"plans": {r["name"]: r["plan"] for r in results}, "times": {r["name"]: r["times"] for r in results},
+            "skipped": skipped, "version": versions[first["name"]],
             "versions": versions}

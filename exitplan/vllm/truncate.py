@@ -13,27 +13,27 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from exitplan.atomic import write_json
 from exitplan.errors import ExitplanError
 from exitplan.files import read_json
 from exitplan.packages import replace_dir
+from exitplan.planner.plan_file import Plan
 
 COPIED = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja",
           "special_tokens_map.json", "vocab.json", "merges.txt")
 """Files of the source checkpoint copied as they are (those present)."""
 
 
-def plan_cuts(plan: dict[str, Any], num_layers: Callable[[str], int]) -> list[tuple[str, int]]:
+def plan_cuts(plan: Plan, num_layers: Callable[[str], int]) -> list[tuple[str, int]]:
     """``(model, layers)`` of every partial replica of ``plan``: a deployed group holding fewer layers than its model
     (``num_layers``: a model's layers, from the catalog)."""
     cuts = []
-    for entry in plan["models"]:
-        for group in entry.get("groups", []):
-            layers = int(group.get("layers", num_layers(entry["model"])))
-            if layers < num_layers(entry["model"]) and (entry["model"], layers) not in cuts:
-                cuts.append((entry["model"], layers))
+    for entry in plan.models:
+        for group in entry.groups:
+            layers = group.layers or num_layers(entry.model)
+            if layers < num_layers(entry.model) and (entry.model, layers) not in cuts:
+                cuts.append((entry.model, layers))
     return cuts
 
 

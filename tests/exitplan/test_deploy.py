@@ -5,19 +5,20 @@ from __future__ import annotations
 import json
 
 import pytest
+from plan_factory import plan_of
 
 from exitplan.config import EngineParams
 from exitplan.deploy import fleet_config, local_fleet, render, write_launch_files
 from exitplan.errors import ExitplanError
+from exitplan.planner.plan_file import Plan
 
 QWEN_S, QWEN_L = "Qwen/Qwen2.5-Coder-0.5B-Instruct", "Qwen/Qwen2.5-Coder-1.5B-Instruct"
 
 
-def plan(groups_small, groups_large, weights_small=None) -> dict:
-    return {"thresholds": [0.1], "models": [
-        {"model": QWEN_S, "fraction": 0.65, "deployed": True, "groups": groups_small,
-         "replica_weights": weights_small},
-        {"model": QWEN_L, "fraction": 0.35, "deployed": True, "groups": groups_large}]}
+def plan(groups_small, groups_large, weights_small=None) -> Plan:
+    return plan_of([{"model": QWEN_S, "fraction": 0.65, "deployed": True, "groups": groups_small,
+                     "replica_weights": weights_small or []},
+                    {"model": QWEN_L, "fraction": 0.35, "deployed": True, "groups": groups_large}], [0.1])
 
 
 def group(gpu, dp, tp=1, pp=1, layers=None):
@@ -94,8 +95,8 @@ def test_a_launch_script_refuses_to_start_without_the_key_and_passes_it_by_envir
 
 
 def test_a_local_fleet_renormalises_the_fractions_of_the_models_here() -> None:
-    the_plan = {"models": [{"model": "a", "fraction": 0.2}, {"model": "b", "fraction": 0.3},
-                           {"model": "c", "fraction": 0.5}]}
+    the_plan = plan_of([{"model": "a", "fraction": 0.2}, {"model": "b", "fraction": 0.3},
+                        {"model": "c", "fraction": 0.5}])
     assert local_fleet(the_plan, ["a", "c"])["fractions"] == pytest.approx([2 / 7, 5 / 7])
 
 

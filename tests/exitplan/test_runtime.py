@@ -1,4 +1,4 @@
-"""The threads of model stages, and a ``python -m`` stage's params from its command line."""
+"""The threads and allocator of model stages."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 import yaml
 
 from exitplan import REPO_ROOT
-from exitplan.errors import ConfigError, ExitplanError
-from exitplan.runtime import MODEL_STAGES, stage_params, use_model_threads
+from exitplan.config import load_params
+from exitplan.runtime import MODEL_STAGES, use_model_threads
 
 
 @pytest.fixture
@@ -32,27 +32,11 @@ def restore_threads():
 
 def test_model_stage_takes_its_threads_and_others_keep_theirs(params_file: Path, restore_threads: None) -> None:
     torch.set_num_threads(1)
-    params = stage_params("plan", ["--params", str(params_file)])
-    assert torch.get_num_threads() == 1  # BoTorch's stage stays on one thread
+    params = load_params(params_file)
+    assert use_model_threads(params, "plan") == 1  # BoTorch's stage stays on one thread
     assert use_model_threads(params, "label_quality") == 2
+    assert use_model_threads(params, "gate") == 2
     assert {"train_exits", "exit_profile", "label_quality", "online_profile", "gate"} == MODEL_STAGES
-
-
-def test_stage_params_reads_the_named_file(params_file: Path, restore_threads: None) -> None:
-    params = stage_params("gate", ["--params", str(params_file)])
-    assert params.runtime.model_threads == 2
-    assert torch.get_num_threads() == 2
-
-
-def test_stage_params_errors_name_the_problem(params_file: Path, tmp_path: Path) -> None:
-    with pytest.raises(ExitplanError, match="--params needs a path"):
-        stage_params("gate", ["--params"])
-    tree = yaml.safe_load(params_file.read_text())
-    tree["runtime"]["model_threds"] = 2
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump(tree))
-    with pytest.raises(ConfigError, match="model_threds"):
-        stage_params("gate", ["--params", str(bad)])
 
 
 def test_a_model_stage_re_executes_itself_once_with_tcmalloc(params_file: Path, monkeypatch, tmp_path: Path) -> None:
@@ -66,7 +50,7 @@ def test_a_model_stage_re_executes_itself_once_with_tcmalloc(params_file: Path, 
     calls = []
     monkeypatch.setattr(runtime.os, "execve", lambda exe, argv, env: calls.append((exe, argv, env)))
     monkeypatch.setenv("LD_PRELOAD", "/opt/other.so")
-    params = stage_params("plan", ["--params", str(params_file)])
+    params = load_params(params_file)
     runtime.preload_tcmalloc(params, "plan")
     assert calls == []
     runtime.preload_tcmalloc(params, "exit_profile")

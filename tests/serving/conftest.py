@@ -64,10 +64,10 @@ def serve(app, port: int | None = None) -> Iterator[str]:
 def engine_app(checkpoint: Path, name: str = SMOLLM2, max_queue: int = 64, timeout_s: float = 60.0,
                api_key: str | None = None, max_num_seqs: int = 8, telemetry: Path | None = None,
                drain_s: float = 20.0):
+    from exitplan.engine.engine import EngineConfig
+    from exitplan.engine.served import Candidate
     from exitplan.profiling.pht import PerformanceHistoryTable
     from serving.api import ServerSettings
-    from serving.engine.engine import EngineConfig
-    from serving.engine.served import Candidate
     from serving.server import make_app
 
     config = EngineConfig(memory_budget_bytes=2 * 2**30, mode="full", max_num_seqs=max_num_seqs)

@@ -6,23 +6,25 @@ import json
 
 import pytest
 import yaml
+from plan_factory import plan_of
 
 from exitplan import REPO_ROOT
 from exitplan.config import load_params
 from exitplan.deploy import ReplicaLaunch, bundle_partials, replica_checkpoint
 from exitplan.errors import ExitplanError
+from exitplan.planner.plan_file import PLAN_FILE, Plan, write_plan
 from exitplan.stages import partial_checkpoints
 from exitplan.vllm.truncate import partial_name, plan_cuts
 
 SMALL, LARGE, LLAMA = "Qwen/Qwen2.5-Coder-0.5B-Instruct", "Qwen/Qwen2.5-Coder-1.5B-Instruct", "meta-llama/Llama-2-7b-hf"
 
 
-def _plan(small_layers: int | None) -> dict:
+def _plan(small_layers: int | None) -> Plan:
     def group(layers):
-        return {"gpu": "vllm-cpu", "dp": 1, "tp": 1, "pp": 1, **({"layers": layers} if layers else {})}
+        return {"gpu": "vllm-cpu", "dp": 1, **({"layers": layers} if layers else {})}
 
-    return {"models": [{"model": SMALL, "fraction": 0.6, "groups": [group(small_layers)]},
-                       {"model": LARGE, "fraction": 0.4, "groups": [group(28)]}]}
+    return plan_of([{"model": SMALL, "fraction": 0.6, "groups": [group(small_layers)]},
+                    {"model": LARGE, "fraction": 0.4, "groups": [group(28)]}])
 
 
 @pytest.fixture
@@ -35,10 +37,9 @@ def params(tiny_checkpoint, tmp_path):
     (models / SMALL).symlink_to(source)
     plans = tmp_path / "plans"
     for name, plan in {"qwen-local": _plan(3),
-                       "llama2-boute": {"models": [{"model": LLAMA, "fraction": 1.0,
-                                                    "groups": [{"gpu": "h100-sxm", "dp": 1, "layers": 16}]}]}}.items():
-        (plans / name).mkdir(parents=True)
-        (plans / name / "plan.json").write_text(json.dumps(plan))
+                       "llama2-boute": plan_of([{"model": LLAMA, "fraction": 1.0,
+                                                 "groups": [{"gpu": "h100-sxm", "dp": 1, "layers": 16}]}])}.items():
+        write_plan(plans / name / PLAN_FILE, plan)
     tree = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
     tree["catalog"] = str(REPO_ROOT / tree["catalog"])
     tree["tracking"]["enabled"] = False
@@ -87,3 +88,18 @@ def test_the_bundle_carries_the_cuts_as_links_and_names_those_it_lacks(params, t
     weights = next(linked.glob("*.safetensors"))
     assert weights.stat().st_ino == (source / weights.name).stat().st_ino  # a hard link, not a copy
     assert not (bundle / "models" / partial_name(LARGE, 28)).exists()
+
+
+def test_the_stage_run_twice_writes_the_same_bytes(params) -> None:
+    """What DVC hashes must not change between runs of the same inputs (wall times live in the metrics file)."""
+    import hashlib
+
+    def snapshot() -> dict[str, str]:
+        out = params.path(params.partial_checkpoints.output_dir)
+        return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(out.rglob("*")) if p.is_file()}
+
+    partial_checkpoints.main(params)
+    first = snapshot()
+    partial_checkpoints.main(params)
+    assert snapshot() == first and any(name.endswith(".safetensors") for name in first)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from plan_factory import plan_of
 
 from exitplan import REPO_ROOT
 from exitplan.config import load_params
@@ -46,8 +47,8 @@ def test_cores_are_disjoint_and_capacity_counts_cores_and_memory(params) -> None
 
 
 def test_replicas_follow_the_plan_and_every_model_comes_first() -> None:
-    plan = {"models": [{"model": "a", "groups": [{"dp": 2}, {"dp": 1}]}, {"model": "b", "groups": [{"dp": 1}]},
-                       {"model": "c", "groups": []}]}
+    plan = plan_of([{"model": "a", "fraction": 0.5, "groups": [{"dp": 2}, {"dp": 1}]},
+                      {"model": "b", "fraction": 0.5, "groups": [{"dp": 1}]}, {"model": "c", "fraction": 0.0}])
     counts = plan_replica_counts(plan, ["a", "b"])
     assert counts == {"a": 3, "b": 1}
     assert replica_order(counts) == ["a", "b", "a", "a"]  # a machine holding two keeps both models

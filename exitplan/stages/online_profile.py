@@ -7,26 +7,24 @@ with. The sample is the telemetry snapshot's
 requests when ``reprofile_fleet`` wrote one on drift (so the PHT follows the traffic), else held-out workload
 prompts (the embedded default).
 
-Run by DVC: ``python -m serving.engine.online_profile`` (in ``serving/`` because it runs the engine).
+Run by DVC: ``exitplan stage online-profile``.
 """
 
 from __future__ import annotations
 
 import gc
-import sys
 from typing import Any
 
 import pandas as pd
 
 from exitplan.atomic import write_json, write_parquet
 from exitplan.config import Params
+from exitplan.engine.engine import Engine
+from exitplan.engine.factory import candidates, engine_config, requests, stop_ids
+from exitplan.engine.telemetry import request_rows
 from exitplan.profiling.pht import PerformanceHistoryTable
 from exitplan.quality import chat_prompts, held_out_texts
-from exitplan.runtime import preload_tcmalloc, stage_params
 from exitplan.tracking import log_stage_run
-from serving.engine.engine import Engine
-from serving.engine.factory import candidates, engine_config, requests, stop_ids
-from serving.engine.telemetry import request_rows
 
 REPORT_DIR = "reports/online_profile"
 
@@ -87,10 +85,3 @@ def main(params: Params) -> dict[str, Any]:
                   metrics, [report])
     return metrics
 
-
-if __name__ == "__main__":
-    loaded = stage_params("online_profile", sys.argv[1:])
-    preload_tcmalloc(loaded, "online_profile")
-    result = main(loaded)
-    print(f"online_profile: serving {result['served_model']} at exit {result['served_exit_layer']} "
-          f"(breach rate {result['breach_rate']:.3f}) on {result['requests']} requests from {result['source']}")

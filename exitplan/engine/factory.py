@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from exitplan.config import Params
-from serving.engine.engine import EngineConfig
-from serving.engine.request import Request
-from serving.engine.served import Candidate
+from exitplan.engine.engine import EngineConfig
+from exitplan.engine.request import Request
+from exitplan.engine.served import Candidate
 
 GIB = 2**30
 

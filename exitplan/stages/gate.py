@@ -1,18 +1,18 @@
 """Stage ``gate``: every expectation a challenger plan must meet before promotion, in one report.
 
-Data suites (workload traces, perf DB, quality labels, PHT, the plan itself) and the served-quality gate
-(:mod:`validation.quality`) write ``<gates.output_dir>/gate.json``: the plan's SHA-256, each suite's result and
-every failed expectation by name. The stage itself never fails on a failed gate (its report is the output DVC
-keeps); ``exitplan promote`` reads the report and refuses, naming the failures, when it did not pass.
+Data suites (workload traces, perf DB, quality labels, PHT, the plan itself; the suites are
+:mod:`validation.suites`) and the served-quality gate (:mod:`exitplan.engine.served_quality`) write
+``<gates.output_dir>/gate.json``: the plan's SHA-256, each suite's result and every failed expectation by name.
+The stage itself never fails on a failed gate (its report is the output DVC keeps); ``exitplan promote`` reads the
+report and refuses, naming the failures, when it did not pass. Wall times go to ``metrics.json``, not the report.
 
-Run by DVC: ``python -m validation.gate``.
+Run by DVC: ``exitplan stage gate``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +20,18 @@ import pandas as pd
 
 from exitplan.atomic import write_json, write_parquet
 from exitplan.config import Params
-from exitplan.runtime import preload_tcmalloc, stage_params
+from exitplan.engine.telemetry import REQUEST_COLUMNS
+from exitplan.planner.plan_file import Plan, plan_path, read_plan
 from exitplan.tracking import log_stage_run
-from serving.engine.telemetry import REQUEST_COLUMNS
 from validation import suites
 from validation.check import SuiteResult, validate
 
 REPORT = "gate.json"
 
 
-def plan_path(params: Params) -> Path:
+def promoted_plan_path(params: Params) -> Path:
     """The promoted scenario's plan (the first scenario's)."""
-    return params.path(params.plan.output_dir) / params.plan.scenarios[0].name / "plan.json"
+    return plan_path(params, params.plan.scenarios[0].name)
 
 
 def sha256(path: Path) -> str:
@@ -46,13 +46,13 @@ def pht_frame(path: Path) -> pd.DataFrame:
                           "exit_share_sum": sum(e["exit_distribution"].values())} for e in raw.values()])
 
 
-def plan_frame(plan: dict[str, Any]) -> pd.DataFrame:
+def plan_frame(plan: Plan) -> pd.DataFrame:
     """The plan as one row per model."""
-    return pd.DataFrame([{k: m.get(k) for k in ("model", "fraction", "predicted_p95_s", "predicted_p99_s",
-                                                 "cost_per_hour")} for m in plan["models"]])
+    return pd.DataFrame([m.model_dump(include={"model", "fraction", "predicted_p95_s", "predicted_p99_s",
+                                               "cost_per_hour"}) for m in plan.models])
 
 
-def data_suites(params: Params, plan: dict[str, Any]) -> list[SuiteResult]:
+def data_suites(params: Params, plan: Plan) -> list[SuiteResult]:
     """Every input of the plan against its suite."""
     gates = params.gates
     workload = params.path(params.prepare_workload.output_dir)
@@ -69,7 +69,7 @@ def data_suites(params: Params, plan: dict[str, Any]) -> list[SuiteResult]:
 
 def not_served(params: Params, deployed: list[str]) -> str | None:
     """What the served-quality gate cannot check for these models (None when every one runs here)."""
-    from validation.quality import runnable
+    from exitplan.engine.served_quality import runnable
 
     missing = [m for m in deployed if m not in runnable(params, deployed)]
     if not missing:
@@ -89,12 +89,12 @@ def imported_suites(params: Params) -> list[SuiteResult]:
 def other_scenario(params: Params, name: str, inputs: list[SuiteResult]) -> dict[str, Any] | None:
     """The data suites of a scenario that is not promoted: its plan, with the imported ``inputs`` (the perf DB is
     in the promoted scenario's suites); ``None`` when the plan stage skipped it."""
-    path = params.path(params.plan.output_dir) / name / "plan.json"
+    path = plan_path(params, name)
     if not path.is_file():
         return None
-    plan = json.loads(path.read_text())
+    plan = read_plan(path)
     results = [*inputs, validate("plan", plan_frame(plan), suites.plan(params.gates))]
-    deployed = [m["model"] for m in plan["models"] if m.get("deployed", True) and m["fraction"] > 0]
+    deployed = [m.model for m in plan.served]
     return {"plan": str(path.relative_to(params.root)), "plan_sha256": sha256(path),
             "data_passed": all(r.success for r in results), "suites": [r.as_dict() for r in results],
             "not_served": not_served(params, deployed)}
@@ -103,35 +103,40 @@ def other_scenario(params: Params, name: str, inputs: list[SuiteResult]) -> dict
 def other_scenarios(params: Params) -> dict[str, dict[str, Any] | None]:
     """:func:`other_scenario` of every scenario after the first."""
     names = [sc.name for sc in params.plan.scenarios[1:]]
-    planned = [n for n in names if (params.path(params.plan.output_dir) / n / "plan.json").is_file()]
+    planned = [n for n in names if plan_path(params, n).is_file()]
     inputs = imported_suites(params) if planned else []
     return {n: other_scenario(params, n, inputs) for n in names}
 
 
-def run(params: Params) -> dict[str, Any]:
-    """Run every suite and the quality gate; write the report and the HELIOS runs' telemetry."""
-    from validation.quality import measure
+def run(params: Params) -> tuple[dict[str, Any], dict[str, float]]:
+    """Run every suite and the quality gate; write the report and the HELIOS runs' telemetry.
 
-    path = plan_path(params)
-    plan = json.loads(path.read_text())
+    Returns:
+        The report, and the seconds each model took to serve (a metric: wall times stay out of the report).
+    """
+    from exitplan.engine.served_quality import measure
+
+    path = promoted_plan_path(params)
+    plan = read_plan(path)
     results = data_suites(params, plan)
-    deployed = [m["model"] for m in plan["models"] if m.get("deployed", True) and m["fraction"] > 0]
+    deployed = [m.model for m in plan.served]
     table, telemetry = measure(params, deployed)
     results.append(validate("quality", table, suites.quality(params.gates)))
     out = params.path(params.gates.output_dir)
     write_parquet(out / "telemetry.parquet", telemetry if not telemetry.empty else
                   pd.DataFrame(columns=list(REQUEST_COLUMNS)))
+    seconds = dict(zip(table["model"], table.pop("serve_seconds"), strict=True)) if len(table) else {}
     report = {"scenario": params.plan.scenarios[0].name, "plan": str(path.relative_to(params.root)),
               "plan_sha256": sha256(path), "passed": all(r.success for r in results),
               "suites": [r.as_dict() for r in results],
               "quality": json.loads(table.to_json(orient="records")), "not_served": not_served(params, deployed),
               "other_scenarios": other_scenarios(params)}
     write_json(out / REPORT, report)
-    return report
+    return report, seconds
 
 
-def metrics(report: dict[str, Any]) -> dict[str, Any]:
-    """Numbers for ``dvc metrics show`` and MLflow."""
+def metrics(report: dict[str, Any], seconds: dict[str, float]) -> dict[str, Any]:
+    """Numbers for ``dvc metrics show`` and MLflow (``seconds``: each model's serving time)."""
     out: dict[str, Any] = {"passed": int(report["passed"]),
                            "failed_expectations": sum(len(s["failures"]) for s in report["suites"])}
     for name, other in report.get("other_scenarios", {}).items():
@@ -141,13 +146,14 @@ def metrics(report: dict[str, Any]) -> dict[str, Any]:
         for key in ("exit_layer", "ppl_helios", "ppl_full", "ppl_increase_rel", "rouge2_vs_full", "em_helios",
                     "em_full", "breach_rate"):
             out[f"{row['model']}.{key}"] = row[key]
+    out.update({f"{model}.serve_seconds": float(s) for model, s in seconds.items()})
     return out
 
 
 def main(params: Params) -> dict[str, Any]:
     """Run the stage and record it."""
-    report = run(params)
-    figures = metrics(report)
+    report, seconds = run(params)
+    figures = metrics(report, seconds)
     out = params.path(params.gates.output_dir)
     write_json(out / "metrics.json", figures)
     log_stage_run("gate", params.tracking, params.root, params.gates.model_dump(), figures, [out / REPORT])
@@ -172,8 +178,3 @@ def describe(report: dict[str, Any]) -> str:
             lines.append(f"  note: {other['not_served']}")
     return "\n".join(lines)
 
-
-if __name__ == "__main__":
-    loaded = stage_params("gate", sys.argv[1:])
-    preload_tcmalloc(loaded, "gate")
-    print(describe(main(loaded)))

@@ -16,10 +16,10 @@ import torch
 from exitplan.earlyexit.confidence import confidence as confidence_of
 from exitplan.earlyexit.heads import BlockHead
 from exitplan.earlyexit.runner import Work
+from exitplan.engine.request import Request
+from exitplan.engine.served import Candidate, ServedModel, num_layers
+from exitplan.engine.telemetry import StepRecord, Telemetry
 from exitplan.errors import ExitplanError
-from serving.engine.request import Request
-from serving.engine.served import Candidate, ServedModel, num_layers
-from serving.engine.telemetry import StepRecord, Telemetry
 
 
 @dataclass

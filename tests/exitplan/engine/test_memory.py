@@ -14,7 +14,7 @@ PROBE = """
 import gc, json, sys
 import psutil
 from pathlib import Path
-from serving.engine.served import Candidate, ServedModel
+from exitplan.engine.served import Candidate, ServedModel
 
 def rss():
     gc.collect()

@@ -90,7 +90,7 @@ def request_rows(requests: list[Any]) -> list[dict[str, Any]]:
     """Per-request telemetry of finished requests: prompt ids, exit layer and confidence of every generated token.
 
     Args:
-        requests: Finished :class:`~serving.engine.request.Request` objects.
+        requests: Finished :class:`~exitplan.engine.request.Request` objects.
     """
     return [{"request_id": r.request_id, "model": r.model, "finish_s": float(r.finish_s or 0.0),
              "prompt": list(r.prompt), "max_new_tokens": int(r.max_new_tokens), "output_tokens": len(r.output),

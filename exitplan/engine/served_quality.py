@@ -17,12 +17,12 @@ import numpy as np
 import pandas as pd
 
 from exitplan.config import Params
+from exitplan.engine.engine import Engine
+from exitplan.engine.factory import candidates, engine_config, requests, stop_ids
+from exitplan.engine.request import Request
+from exitplan.engine.telemetry import request_rows
 from exitplan.profiling.pht import PerformanceHistoryTable
 from exitplan.quality import chat_prompts, held_out_texts, load_scorer, perplexity, rouge2
-from serving.engine.engine import Engine
-from serving.engine.factory import candidates, engine_config, requests, stop_ids
-from serving.engine.request import Request
-from serving.engine.telemetry import request_rows
 
 
 @dataclass
@@ -83,7 +83,9 @@ def measure(params: Params, models: list[str]) -> tuple[pd.DataFrame, pd.DataFra
     queries = params.path(params.prepare_workload.output_dir) / "queries.parquet"
     texts = held_out_texts(queries, params.train_exits.datasets, params.train_exits.seed, gates.requests,
                            skip=params.online_profile.requests)
-    rows, telemetry, outputs = [], [], {}
+    rows: list[dict[str, Any]] = []
+    telemetry: list[dict[str, Any]] = []
+    outputs: dict[str, tuple[Served, Served]] = {}
     for model in here:
         started = time.perf_counter()
         tokenizer = AutoTokenizer.from_pretrained(str(params.checkpoint_path(model)))

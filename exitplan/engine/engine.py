@@ -33,12 +33,12 @@ from exitplan.config import HeliosParams
 from exitplan.earlyexit.confidence import confidence as confidence_of
 from exitplan.earlyexit.packed import module_bytes
 from exitplan.earlyexit.runner import Work
+from exitplan.engine.request import Request
+from exitplan.engine.served import Candidate, ServedModel, num_layers
+from exitplan.engine.telemetry import Event, StepRecord, Telemetry
 from exitplan.errors import ExitplanError
 from exitplan.profiling.cbc import BreachCounter
 from exitplan.profiling.pht import PerformanceHistoryTable, PHTEntry, options
-from serving.engine.request import Request
-from serving.engine.served import Candidate, ServedModel, num_layers
-from serving.engine.telemetry import Event, StepRecord, Telemetry
 
 _HELIOS = HeliosParams.model_fields
 """Where the engine's knobs are declared, documented and bounded (their defaults are HELIOS's own)."""
@@ -46,7 +46,7 @@ _HELIOS = HeliosParams.model_fields
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Knobs of one engine: the ``helios`` section of params.yaml (:func:`serving.engine.factory.engine_config`
+    """Knobs of one engine: the ``helios`` section of params.yaml (:func:`exitplan.engine.factory.engine_config`
     maps it onto these; the defaults are that section's) plus the engine-only ones.
 
     Attributes:
@@ -153,7 +153,7 @@ class Engine:
         """
         if request.request_id in self._ids:
             raise ExitplanError(f"duplicate request id '{request.request_id}'")
-        pool = self.served.pool
+        pool = self.served.pool if self.served.has_pool else None
         if pool is not None and pool.blocks_for(request.reserved_tokens) > pool.num_blocks:
             raise ExitplanError(f"request {request.request_id} needs {request.reserved_tokens} KV slots; the memory "
                                 f"budget holds {pool.num_blocks * pool.block_size} for {self.served.name}")
@@ -201,7 +201,7 @@ class Engine:
 
     def memory_bytes(self) -> int:
         """Accounted memory: weights held, KV pool, and layers being loaded."""
-        pool = self.served.pool.nbytes if self.served.pool is not None else 0
+        pool = self.served.pool.nbytes if self.served.has_pool else 0
         return self.served.weight_bytes() + pool + self._loading_bytes
 
     # --- one step ----------------------------------------------------------------------------------------------------
@@ -215,8 +215,11 @@ class Engine:
         if not self.running:
             return None
         started = time.perf_counter()
-        profiling = self._profile is not None
-        works, batch, budget = [], [], self.config.max_prefill_tokens
+        profile = self._profile
+        profiling = profile is not None
+        works: list[Work] = []
+        batch: list[Request] = []
+        budget = self.config.max_prefill_tokens
         for request in self.running:
             new = request.context[request.cached:]
             if len(new) > 1 and works and len(new) > budget:
@@ -226,22 +229,23 @@ class Engine:
             batch.append(request)
         exits = self.served.exits(all_exits=profiling)
         logits = self.served.runner.forward_exits(works, max(exits), exits)
-        tripped = self._sample(batch, works, logits, profiling)
+        tripped = self._sample(batch, works, logits, profile)
         seconds = time.perf_counter() - started
-        if profiling:
-            self._profile.seconds += seconds
+        if profile is not None:
+            profile.seconds += seconds
         record = self._record(batch, works, seconds, profiling)
         self._retire()
         if tripped and self._loading is None and not profiling and self.config.mode == "helios":
             self._react()
-        if profiling and (self._profile.finished >= self.config.profile_requests
-                          or (not self.running and not self.waiting)):
+        if profile is not None and (profile.finished >= self.config.profile_requests
+                                    or (not self.running and not self.waiting)):
             self._finish_profile()
         return record
 
     def _sample(self, batch: list[Request], works: list[Work], logits: dict[int, torch.Tensor],
-                profiling: bool) -> bool:
-        """Pick each sequence's next token at the serving exit; account breaches (and profile every exit)."""
+                profile: _Profile | None) -> bool:
+        """Pick each sequence's next token at the serving exit; account breaches (and, while ``profile`` runs,
+        profile every exit)."""
         out_layer = max(logits)
         full = out_layer == self.served.num_layers
         tripped = False
@@ -250,11 +254,11 @@ class Engine:
             token = request.sample(logits[out_layer][i])
             conf = float(confidences[out_layer][i])
             breach = not full and conf < self.config.threshold
-            if profiling:
+            if profile is not None:
                 first = next((e for e in sorted(logits) if confidences[e][i] >= self.config.threshold), out_layer)
-                self._profile.first_exits.append(first)
-                self._profile.nll -= float(logits[out_layer][i].log_softmax(-1)[token])
-                self._profile.tokens += 1
+                profile.first_exits.append(first)
+                profile.nll -= float(logits[out_layer][i].log_softmax(-1)[token])
+                profile.tokens += 1
             request.cached += len(works[i].tokens)
             request.append(token, out_layer, conf, breach, self.now())
             if not full and self._counters[request.request_id].record(breach):
@@ -317,7 +321,7 @@ class Engine:
 
     def _serve(self, name: str, exit_layer: int | None) -> float:
         """Serve ``name`` exiting after ``exit_layer`` (``None``: full depth); returns the seconds loading took."""
-        self.served = None  # free the old model and pool before reading the new one
+        self.served = None  # type: ignore[assignment]  # free the old model and pool before reading the new one
         gc.collect()
         candidate = self.candidates[name]
         total = num_layers(candidate.checkpoint)
@@ -356,7 +360,7 @@ class Engine:
         saved = {r.request_id: (old.slots(r.blocks, 0, r.cached), r.cached) for r in self.running}
         keys, values = {k: old.keys[:, s] for k, (s, _) in saved.items()}, {k: old.values[:, s] for k, (s, _) in
                                                                          saved.items()}
-        self.served.pool = self.served.runner = None
+        self.served.drop_pool()
         del old
         pool = self.served.build_pool(self._kv_bytes(self.served), self.config.block_size, max_blocks=max(need, 1))
         for request in self.running:
@@ -404,7 +408,7 @@ class Engine:
         layers = self._loading.result()
         seconds = time.perf_counter() - self._load_started
         served = self.served
-        served.pool = served.runner = None
+        served.drop_pool()
         served.model.attach_layers(layers)
         self._loading, self._loading_bytes = None, 0
         served.exit_layer = served.num_layers
@@ -436,7 +440,7 @@ class Engine:
         """Load the next candidate whole, with the exit heads that fit the budget beside its KV, to profile it."""
         name = self._to_profile.pop(0)
         candidate = self.candidates[name]
-        self.served = None
+        self.served = None  # type: ignore[assignment]  # free the old model and pool before reading the new one
         gc.collect()
         served, base_s = ServedModel.open(candidate, 1, exits=[])
         started = time.perf_counter()
@@ -467,6 +471,8 @@ class Engine:
     def _finish_profile(self) -> None:
         """Write the candidate's PHT entry; profile the next one, or serve the best."""
         acc, served = self._profile, self.served
+        if acc is None:
+            raise ExitplanError("no candidate is being profiled (engine bug)")
         timings = served.runner.timings
         tokens = max(len(acc.first_exits), 1)
         profiled = sorted(served.heads)

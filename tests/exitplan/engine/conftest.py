@@ -11,7 +11,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from exitplan.earlyexit.checkpoint import save_heads, write_index
 from exitplan.earlyexit.heads import make_head
 from exitplan.earlyexit.partial_model import EarlyExitLM
-from serving.engine.served import Candidate
+from exitplan.engine.served import Candidate
 
 EXITS = [2, 4]
 

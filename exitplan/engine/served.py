@@ -57,8 +57,8 @@ class ServedModel:
 
     def __init__(self, candidate: Candidate, model: EarlyExitLM, heads: dict[int, nn.Module], exit_layer: int) -> None:
         self.candidate, self.model, self.heads, self.exit_layer = candidate, model, heads, exit_layer
-        self.pool: KVPool | None = None
-        self.runner: PagedRunner | None = None
+        self._pool: KVPool | None = None
+        self._runner: PagedRunner | None = None
 
     @classmethod
     def open(cls, candidate: Candidate, layers: int, exits: list[int] | None = None) -> tuple[ServedModel, float]:
@@ -88,6 +88,37 @@ class ServedModel:
     def name(self) -> str:
         """The candidate's HF id."""
         return self.candidate.name
+
+    @property
+    def has_pool(self) -> bool:
+        """Whether its KV pool is allocated (:meth:`build_pool`)."""
+        return self._pool is not None
+
+    @property
+    def pool(self) -> KVPool:
+        """Its KV pool.
+
+        Raises:
+            ExitplanError: before :meth:`build_pool` (an engine bug).
+        """
+        if self._pool is None:
+            raise ExitplanError(f"{self.name} has no KV pool yet (build_pool first)")
+        return self._pool
+
+    @property
+    def runner(self) -> PagedRunner:
+        """Its paged runner over the pool.
+
+        Raises:
+            ExitplanError: before :meth:`build_pool` (an engine bug).
+        """
+        if self._runner is None:
+            raise ExitplanError(f"{self.name} has no runner yet (build_pool first)")
+        return self._runner
+
+    def drop_pool(self) -> None:
+        """Free the KV pool and its runner (before a new pool is built)."""
+        self._pool = self._runner = None
 
     @property
     def num_layers(self) -> int:
@@ -128,13 +159,13 @@ class ServedModel:
         Raises:
             ExitplanError: if not even one block fits.
         """
-        self.pool = self.runner = None
+        self.drop_pool()
         layers = self.cached_layers(all_exits)
         per_block = kv_shape(self.model).bytes_per_token(layers) * block_size
         blocks = kv_bytes // per_block if max_blocks is None else min(kv_bytes // per_block, max_blocks)
         if blocks < 1:
             raise ExitplanError(f"memory budget leaves {kv_bytes / 2**20:.1f} MiB for KV after {self.name}'s "
                                 f"weights: not one block of {block_size} tokens ({per_block} bytes) fits")
-        self.pool = KVPool(kv_shape(self.model), layers, int(blocks), block_size)
-        self.runner = PagedRunner(self.model, self.pool)
-        return self.pool
+        self._pool = pool = KVPool(kv_shape(self.model), layers, int(blocks), block_size)
+        self._runner = PagedRunner(self.model, pool)
+        return pool

@@ -9,11 +9,11 @@ from transformers import AutoModelForCausalLM
 from exitplan.earlyexit.kv_pool import KVPool
 from exitplan.earlyexit.partial_model import EarlyExitLM
 from exitplan.earlyexit.runner import PagedRunner, Work, kv_shape
+from exitplan.engine.engine import Engine, EngineConfig
+from exitplan.engine.per_token import PerTokenEngine
+from exitplan.engine.request import Request
 from exitplan.errors import ExitplanError
 from exitplan.profiling.pht import PerformanceHistoryTable
-from serving.engine.engine import Engine, EngineConfig
-from serving.engine.per_token import PerTokenEngine
-from serving.engine.request import Request
 
 MiB = 2**20
 
