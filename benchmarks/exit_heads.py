@@ -27,10 +27,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from common import start  # benchmarks/ is the script's folder, so on sys.path
 
 from exitplan.earlyexit.checkpoint import INDEX
+from exitplan.kinds import HEAD_KINDS
 from exitplan.stages.exit_profile import observe, trace_models
 
 THRESHOLD = 0.8
-KINDS = ["identity", "affine", "block"]
+KINDS = list(HEAD_KINDS)
 
 
 def print_curves(curves: list[dict], depth85: list[dict]) -> None:

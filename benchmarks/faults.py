@@ -41,9 +41,9 @@ import httpx
 import pandas as pd
 from common import free_port, start
 
+from exitplan.artifacts import PLAN_FILE, ROUTER_FILE, queries_path
 from exitplan.deploy import LocalFleet, wait_healthy
-from exitplan.planner.plan_file import PLAN_FILE, Plan, read_plan
-from exitplan.routing.router_file import ROUTER_FILE
+from exitplan.planner.plan_file import Plan, read_plan
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 KEY = "faults-bench-key"
@@ -222,7 +222,7 @@ def main() -> None:
         sys.exit(f"no routing model at {router}: run `make run` first")
     plan = read_plan(plan_dir / PLAN_FILE)
     steady_s, tokens, clients, burst_size = (40, 48, 6, 120) if args.quick else (120, 64, 8, 240)
-    queries = pd.read_parquet(params.path(params.prepare_workload.output_dir) / "queries.parquet")
+    queries = pd.read_parquet(queries_path(params))
     prompts = [p[:400] for p in queries.sample(frac=1.0, random_state=0)["prompt"].head(200)]
     fleet, models, urls, env = launch(params, plan, router)
     small, timeline = models[0], []

@@ -35,11 +35,11 @@ import numpy as np
 import pandas as pd
 from common import start
 
+from exitplan.artifacts import PLAN_FILE, ROUTER_FILE, queries_path, vllm_device_path
 from exitplan.catalog import load_catalog
 from exitplan.deploy import start_local
-from exitplan.planner.plan_file import PLAN_FILE, read_plan
-from exitplan.profiling.device import DEVICE_FILE
-from exitplan.routing.router_file import ROUTER_FILE, load_router
+from exitplan.planner.plan_file import read_plan
+from exitplan.routing.router_file import load_router
 from exitplan.simulator.replica import RequestSet
 from exitplan.vllm.simulate import read_vllm_device, replica_simulator
 from serving.scorer import BatchingScorer, score_function
@@ -49,7 +49,7 @@ METRICS = ("ttft", "tpot", "e2e")
 
 def trace(params, count: int, qps: float, cap: int) -> pd.DataFrame:
     """``count`` workload queries at Poisson arrivals of rate ``qps`` (seeded), answers capped at ``cap``."""
-    queries = pd.read_parquet(params.path(params.prepare_workload.output_dir) / "queries.parquet")
+    queries = pd.read_parquet(queries_path(params))
     picked = queries.sample(n=count, random_state=0).reset_index(drop=True)
     rng = np.random.default_rng(0)
     picked["arrival_s"] = np.cumsum(rng.exponential(1 / qps, size=count))
@@ -158,7 +158,7 @@ def main() -> None:
     count, qps, cap = 16 if args.quick else 48, scenario.load_qps, params.build_perf_db.vllm_max_output_len
     plan_dir = params.path(params.plan.output_dir) / scenario.name
     plan = read_plan(plan_dir / PLAN_FILE)
-    device = read_vllm_device(params.path(params.profile_vllm.output_dir) / DEVICE_FILE)
+    device = read_vllm_device(vllm_device_path(params))
     frame = trace(params, count, qps, cap)
     fleet = start_local(params, plan, plan_dir / ROUTER_FILE, params.path(params.deploy.output_dir))
     try:

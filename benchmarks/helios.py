@@ -36,6 +36,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 from common import start  # benchmarks/ is the script's folder, so on sys.path
 
+from exitplan.artifacts import queries_path
 from exitplan.earlyexit.checkpoint import INDEX
 from exitplan.engine.engine import Engine, EngineConfig
 from exitplan.engine.per_token import PerTokenEngine
@@ -78,7 +79,7 @@ class Outcome:
 
 def prompts(params, tokenizer, count: int, max_prompt: int) -> list[list[int]]:
     """``count`` held-out prompts, cycling over the data sets of MIX, as chat-template token ids (capped)."""
-    _, held_out = split_queries(params.path(params.prepare_workload.output_dir) / "queries.parquet",
+    _, held_out = split_queries(queries_path(params),
                                 params.train_exits.datasets, params.train_exits.seed)
     by_set = {d: held_out[held_out["dataset"] == d]["prompt"].tolist() for d in MIX}
     out = []

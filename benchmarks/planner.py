@@ -37,8 +37,10 @@ from collections.abc import Callable
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
+import pandas as pd
 from common import start  # benchmarks/ is the script's folder, so on sys.path
 
+from exitplan.artifacts import perf_db_path
 from exitplan.catalog import load_catalog
 from exitplan.config import Params, PlanScenario
 from exitplan.errors import ExitplanError
@@ -47,7 +49,8 @@ from exitplan.planner.build import problem_from
 from exitplan.planner.mobo import optimise
 from exitplan.planner.problem import PlanProblem, best_under, hypervolume, pareto
 from exitplan.planner.search import census, exhaustive, fastest, fraction_grid, random_search
-from exitplan.stages.plan import params_db, router
+from exitplan.routing.trainer import TrainedRouter
+from exitplan.stages.plan import router
 
 
 def evals_to(plans, target: float, ref) -> int | None:
@@ -64,7 +67,8 @@ def scenario_problem(params: Params, scenario: PlanScenario, quality: Callable, 
     catalog = load_catalog(params.path(params.catalog))
     prices = {g: catalog.gpu(g).price_per_hour for g in scenario.gpus}
     section = params.plan
-    return problem_from(params_db(params), prices, scenario.gpus, scenario.models, quality, load, budget,
+    db = pd.read_parquet(perf_db_path(params))
+    return problem_from(db, prices, scenario.gpus, scenario.models, quality, load, budget,
                         section.metric, section.budget_points, scenario.max_p95_s, section.load_shares)
 
 
@@ -91,10 +95,10 @@ def sweep(params: Params, scenario: PlanScenario, quality: Callable, slo: float)
                   f"{ratios[1]:>9}")
 
 
-def random_seconds(params: Params, scenario: PlanScenario, routing: dict, evaluations: int) -> float:
+def random_seconds(params: Params, scenario: PlanScenario, routing: TrainedRouter, evaluations: int) -> float:
     """Seconds random search takes for its first ``evaluations`` plans (seeded, so the same plans), on a fresh
     problem so that its perf-DB look-ups are not served from another search's cache."""
-    fresh = scenario_problem(params, scenario, routing["quality"], scenario.load_qps, scenario.budget_per_hour)
+    fresh = scenario_problem(params, scenario, routing.quality, scenario.load_qps, scenario.budget_per_hour)
     started = time.perf_counter()
     random_search(fresh, evaluations, seed=params.plan.seed)
     return time.perf_counter() - started
@@ -159,7 +163,7 @@ def main() -> None:
         routing = router(params, scenario)
     except ExitplanError as exc:
         sys.exit(f"{exc} (run `make run` first)")
-    problem = scenario_problem(params, scenario, routing["quality"], scenario.load_qps, scenario.budget_per_hour)
+    problem = scenario_problem(params, scenario, routing.quality, scenario.load_qps, scenario.budget_per_hour)
     started = time.perf_counter()
     truth = exhaustive(problem, section.fraction_steps)
     exhaustive_s = time.perf_counter() - started
@@ -189,14 +193,14 @@ def main() -> None:
     print(f"reference front (exhaustive, decomposed per fraction vector): {counted.plans} plans within budget and "
           f"GPUs, {counted.cannot_carry} of them ({counted.infeasible_share:.1%}) cannot carry the load; "
           f"{exhaustive_s:.2f} s; front of {len(front)} spanning {front[-1].latency / front[0].latency:.2f}x in P95")
-    print(f"Q(f) (router, held-out) from {routing['values'].min():.3f} to {routing['values'].max():.3f}")
+    print(f"Q(f) (router, held-out) from {routing.values.min():.3f} to {routing.values.max():.3f}")
     print(f"{'P95 s':>9}{'quality':>9}{'$/h':>7}  plan")
     for plan in front:
         print(f"{plan.latency:>9.3f}{plan.quality:>9.3f}{plan.cost:>7.2f}  {describe_plan(problem, plan)}")
     to95 = search_table(runs, clocks, seconds, hv_true, ref, budget,
                         lambda n: random_seconds(params, scenario, routing, n))
-    order = np.argsort(routing["grid"][:, -1])
-    slo = floor or float(np.interp(0.5, routing["grid"][order, -1], routing["values"][order]))
+    order = np.argsort(routing.grid[:, -1])
+    slo = floor or float(np.interp(0.5, routing.grid[order, -1], routing.values[order]))
     found = baselines(problem, slo, steps=section.fraction_steps)
     homo_gpu = args.homo_gpu
     homo = found["homogeneous"] if homo_gpu is None else best_under(
@@ -212,7 +216,7 @@ def main() -> None:
         print(f"  {name:<46}" + ("cannot meet it" if plan is None else f"{plan.latency:.3f} s  ratio "
                                  f"{ratio(ours, plan):.2f}  {describe_plan(problem, plan)}"))
     if not args.quick:
-        sweep(params, scenario, routing["quality"], slo)
+        sweep(params, scenario, routing.quality, slo)
     hv_ratio = hypervolume(mobo.plans, *ref) / hv_true
     rand95 = to95["random"] or len(rand)
     mobo95 = to95["mobo (constraint)"] or budget

@@ -30,9 +30,9 @@ import numpy as np
 import pandas as pd
 from common import free_port, start
 
+from exitplan.artifacts import PLAN_FILE, ROUTER_FILE, queries_path
 from exitplan.deploy import LocalFleet, wait_healthy
-from exitplan.planner.plan_file import PLAN_FILE, Plan, read_plan
-from exitplan.routing.router_file import ROUTER_FILE
+from exitplan.planner.plan_file import Plan, read_plan
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -110,7 +110,7 @@ def main() -> None:
     if not router.is_file():
         sys.exit(f"no routing model at {router}: run `make run` first")
     count, tokens, concurrency = (48, 12, 8) if args.quick else (96, 24, 8)
-    queries = pd.read_parquet(params.path(params.prepare_workload.output_dir) / "queries.parquet")
+    queries = pd.read_parquet(queries_path(params))
     queries = queries.sample(frac=1.0, random_state=0)
     prompts = [p[:600] for p in queries["prompt"].head(2 * count)]
     fleet, config = launch(params, plan, router, args.quick)

@@ -25,7 +25,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np
 from common import start  # benchmarks/ is the script's folder, so on sys.path
 
+from exitplan.artifacts import queries_path
 from exitplan.config import EngineParams
+from exitplan.earlyexit.checkpoint import read_index
 from exitplan.engine.engine import Engine, EngineConfig
 from exitplan.engine.request import Request
 from exitplan.engine.served import Candidate
@@ -41,7 +43,7 @@ GIB = 2**30
 
 def workload(params, tokenizer, count: int, max_prompt: int, max_output: int, qps: float, seed: int = 0):
     """Prompts (token ids), output lengths and Poisson arrival offsets."""
-    _, held_out = split_queries(params.path(params.prepare_workload.output_dir) / "queries.parquet",
+    _, held_out = split_queries(queries_path(params),
                                 params.train_exits.datasets, params.train_exits.seed)
     rng = np.random.default_rng(seed)
     prompts, outputs = [], []
@@ -65,7 +67,8 @@ def engine_metrics(requests: list[Request]) -> dict[str, float]:
 
 def sim_metrics(params, candidate: Candidate, layers: int | None, config: EngineConfig, prompts, outputs,
                 arrivals) -> dict[str, float]:
-    device, step, seq = load_device(params)
+    fitted = load_device(params)
+    device, step, seq = fitted.gpu, fitted.step_overhead_s, fitted.seq_overhead_s
     device = device.model_copy(update={"memory_gib": config.memory_budget_bytes / GIB})
     model = catalog_model(params, candidate.name)
     spec = ReplicaSpec(model, device, layers=layers, exit_head_layers=1)
@@ -97,9 +100,8 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(candidate.checkpoint))
     count = 10 if args.quick else 30
     prompts, outputs, arrivals = workload(params, tokenizer, count, 96, 24, args.qps)
-    import json
 
-    exit_layers = json.loads((exits / "exits.json").read_text())["exit_layers"]
+    exit_layers = read_index(exits).exit_layers
     modes = {"full depth": ("full", None), f"early exit @{max(exit_layers)}": ("fixed", max(exit_layers))}
     budget = int(params.helios.memory_budget_gib * GIB)
     print(f"{count} requests, Poisson {args.qps} req/s, prompts <= 96 tokens (mean "

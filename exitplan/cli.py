@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import typer
 from rich.console import Console
@@ -13,6 +13,10 @@ from rich.table import Table
 
 from exitplan.config import DEFAULT_PARAMS, Params, load_params
 from exitplan.errors import ExitplanError
+from exitplan.kinds import SyntheticArrivalKind
+
+ARRIVAL_HELP = " | ".join(get_args(SyntheticArrivalKind))
+"""The arrival processes ``exitplan simulate`` draws."""
 
 app = typer.Typer(help="Plan and serve fleets of LLMs: early exit (HELIOS) x heterogeneous GPUs (BOUTE).",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -103,7 +107,7 @@ def simulate(
     prompt_len: Annotated[int, typer.Option(help="Prompt tokens of every request.")] = 512,
     output_len: Annotated[int, typer.Option(help="Output tokens of every request.")] = 128,
     seed: Annotated[int, typer.Option(help="Seed of the arrival process.")] = 0,
-    arrival: Annotated[str, typer.Option(help="poisson | gamma | burst (all at t=0).")] = "poisson",
+    arrival: Annotated[str, typer.Option(help=f"{ARRIVAL_HELP} (burst: all at t=0).")] = "poisson",
     burstiness: Annotated[float, typer.Option(help="Gamma shape for --arrival gamma (1 = Poisson).")] = 1.0,
     layers: Annotated[int | None, typer.Option(help="Layers held (a partial early-exit model).")] = None,
     max_num_seqs: Annotated[int | None, typer.Option(help="vLLM max_num_seqs.")] = None,
@@ -223,11 +227,11 @@ def _print_device(m: dict[str, Any]) -> None:
 def stage_select_candidates(params: ParamsOption = Path(DEFAULT_PARAMS)) -> None:
     """HELIOS step 1: the Top-K candidates for the SLO on this device."""
     loaded, result = _run_stage("select_candidates", params)
-    for r in result["ranked"]:
-        console.print(f"{r['model']}: exit {r['exit_layer']} (breach rate {r['breach_rate']:.2f}), batch "
-                      f"{r['batch']}, {r['tpot_ms']:.0f} ms/token, {r['tokens_per_s']:.1f} tok/s"
-                      f"{'' if r['meets_slo'] else '  (misses the SLO)'}")
-    console.print(f"selected: {result['candidates']} -> {loaded.select_candidates.output}")
+    for r in result.ranked:
+        console.print(f"{r.model}: exit {r.exit_layer} (breach rate {r.breach_rate:.2f}), batch "
+                      f"{r.batch}, {r.tpot_ms:.0f} ms/token, {r.tokens_per_s:.1f} tok/s"
+                      f"{'' if r.meets_slo else '  (misses the SLO)'}")
+    console.print(f"selected: {result.candidates} -> {loaded.select_candidates.output}")
 
 
 @stage_app.command("label-quality")

@@ -30,6 +30,7 @@ NEUTRAL = {
     "exitplan/runtime.py": "threads and allocator: execution settings (beyond float summation order)",
     "exitplan/config.py": "the params schema: the values a stage reads are DVC params (its `params:`), by value",
     "exitplan/cli.py": "the command line that dispatches to the stage module",
+    "exitplan/kinds.py": "the names of the kinds; what each kind does is in the tables (heads, confidence, arrivals)",
 }
 """Module -> why no stage lists it."""
 

@@ -10,9 +10,18 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import Field, NonNegativeFloat, PositiveInt, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    PositiveInt,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from exitplan.errors import ConfigError
+from exitplan.kinds import ArrivalKind, ConfidenceKind, HeadKind
 from exitplan.yaml_model import StrictModel, load_yaml_model
 
 if TYPE_CHECKING:
@@ -21,8 +30,6 @@ if TYPE_CHECKING:
 DatasetName = Literal["sharegpt", "gsm8k", "mtbench", "humaneval", "aclsum"]
 """The packaged real data sets a workload can draw from (see ``exitplan.workload.sources``)."""
 
-ArrivalKind = Literal["poisson", "gamma", "replay", "burst"]
-"""Arrival processes: Poisson, gamma (burstiness = shape), replay of given timestamps, or all at t = 0."""
 
 DEFAULT_PARAMS = "params.yaml"
 
@@ -307,7 +314,7 @@ class TrainExitsParams(StrictModel):
     exits_from_end: list[int] = Field(default_factory=list)
     """Extra exits counted back from the last layer (2: after layer L-2), where agreement climbs fastest."""
 
-    head_kinds: list[Literal["identity", "affine", "block"]] = Field(default_factory=lambda: ["affine", "block"])  # type: ignore[arg-type]
+    head_kinds: list[HeadKind] = Field(default_factory=lambda: ["affine", "block"])  # type: ignore[arg-type]
     """Exit-head kinds to fit and compare (``identity`` = the plain final norm + LM head, the baseline)."""
 
     datasets: list[DatasetName] = Field(default_factory=lambda: ["sharegpt", "gsm8k", "humaneval", "aclsum"])  # type: ignore[arg-type]
@@ -375,12 +382,15 @@ class TrainExitsParams(StrictModel):
 
 
 class ExitProfileParams(StrictModel):
-    """Stage ``exit_profile``: HELIOS's observations on held-out prompts, per model and confidence threshold."""
+    """Stage ``exit_profile``: HELIOS's observations on held-out prompts, per model and confidence threshold.
+
+    The exits are observed as the engine serves them: in ``helios.dtype``, under ``helios.confidence``.
+    """
 
     models: list[str] = Field(min_length=1)
     """Models with exit checkpoints (from ``train_exits``); two sharing a tokenizer give complementarity."""
 
-    head_kinds: list[Literal["identity", "affine", "block"]] = Field(
+    head_kinds: list[HeadKind] = Field(
         default_factory=lambda: ["identity", "affine", "block"], min_length=1)  # type: ignore[arg-type]
     """Exit-head kinds to profile (each must have been trained by ``train_exits``); one forward pass serves all.
     Cost: one vocabulary projection per exit per token per kind."""
@@ -397,17 +407,8 @@ class ExitProfileParams(StrictModel):
     thresholds: list[float] = Field(default_factory=lambda: [0.5, 0.7, 0.8, 0.9], min_length=1)
     """Confidence thresholds to profile."""
 
-    confidence: Literal["max_prob", "margin", "entropy"] = "max_prob"
-    """Confidence measure (HELIOS: maximum softmax probability)."""
-
     early_depth: float = Field(default=0.5, gt=0, le=1)
     """A token "exits early" when it is confident at an exit no deeper than this share of the layers."""
-
-    dtype: Literal["float32", "bfloat16"] = "bfloat16"
-    """Precision of the profiling pass: ``bfloat16`` loads the model and its heads as the engine serves them
-    (bfloat16 weights packed for oneDNN, :meth:`~exitplan.earlyexit.partial_model.EarlyExitLM.for_inference`);
-    float32 is exact. Under torch's CPU autocast instead (float32 weights) the stage took 246 s here instead of 339
-    s in float32, with every observation within 0.02."""
 
     output_dir: str = "data/exit_profile"
     """Folder of ``profile.parquet`` (per token: model, data set, first confident exit per threshold)."""
@@ -714,19 +715,21 @@ class HeliosParams(StrictModel):
     """Models the engine may serve, each with an exit checkpoint from ``train_exits`` (HELIOS step 1 picks the
     Top-K of these)."""
 
-    head_kind: Literal["identity", "affine", "block"] = "block"
+    head_kind: HeadKind = "block"
     """Exit-head kind the engine uses."""
 
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights, activations and KV cache of the served models (and their exit heads). ``bfloat16`` halves the
     weight and KV bytes the memory budget counts (vLLM serves Qwen2.5 in it); float32 is what the PHT and the gate
-    were measured in."""
+    were measured in. Stage ``exit_profile`` observes the exits in it too (bfloat16 weights packed for oneDNN,
+    :meth:`~exitplan.earlyexit.partial_model.EarlyExitLM.for_inference`; float32 is exact; under torch's CPU autocast
+    instead the stage took 246 s here instead of 339 s in float32, every observation within 0.02)."""
 
     threshold: float = Field(default=0.8, gt=0, le=1)
     """Confidence under which an exited token counts as a breach."""
 
-    confidence: Literal["max_prob", "margin", "entropy"] = "max_prob"
-    """Confidence measure (HELIOS: maximum softmax probability)."""
+    confidence: ConfidenceKind = "max_prob"
+    """Confidence measure (HELIOS: maximum softmax probability); stage ``exit_profile`` observes under it too."""
 
     cbc_window: int = Field(default=100, ge=1)
     """Tokens of a request the confidence breach counter remembers (HELIOS: 100)."""
@@ -752,11 +755,14 @@ class HeliosParams(StrictModel):
     pht_path: str = "data/helios/pht.json"
     """Where the Performance History Table is kept."""
 
-    @model_validator(mode="after")
-    def _window(self) -> HeliosParams:
-        if self.cbc_max >= self.cbc_window:
-            raise ValueError(f"cbc_max ({self.cbc_max}) must be below cbc_window ({self.cbc_window})")
-        return self
+    @field_validator("cbc_max")
+    @classmethod
+    def _below_window(cls, value: int, info: ValidationInfo) -> int:
+        """Fails on ``helios.cbc_max`` itself (its key path named), not on the section."""
+        window = info.data.get("cbc_window")
+        if window is not None and value >= window:
+            raise ValueError(f"must be below cbc_window ({window}), got {value}")
+        return value
 
 
 class OnlineProfileParams(StrictModel):

@@ -24,11 +24,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
+from exitplan.artifacts import ROUTER_FILE
 from exitplan.catalog import Catalog
 from exitplan.config import EngineParams, Params
 from exitplan.errors import ExitplanError
 from exitplan.planner.plan_file import Plan, parse_plan
-from exitplan.routing.router_file import ROUTER_FILE
 
 CUDA_LOCK = "requirements-vllm-cuda.lock"
 """The pinned CUDA vLLM of GPU hosts (in the repository root), copied into every launch bundle."""

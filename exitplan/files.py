@@ -11,11 +11,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
+from pydantic import BaseModel, ValidationError
 
 from exitplan.errors import ExitplanError
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 def _first_line(exc: Exception) -> str:
@@ -77,3 +80,28 @@ def read_json(path: Path, what: str, error: type[ExitplanError] = ExitplanError,
     if not raw.strip():
         raise error(f"{what} {path} is empty{suffix}")
     return parse_json(raw, f"{what} {path}", error, hint)
+
+
+def as_model(data: Any, model: type[ModelT], where: str, what: str, error: type[ExitplanError] = ExitplanError,
+             hint: str = "") -> ModelT:
+    """JSON values (from :func:`parse_json` or :func:`read_json`) validated as ``model``.
+
+    Args:
+        data: The values.
+        model: The artifact's model.
+        where: The file (or text) they came from, for the message.
+        what: What it should be, with its article ("a plan", "an exit index").
+        error: The error class raised.
+        hint: What to do, appended to the message.
+
+    Raises:
+        ExitplanError: (``error``) naming ``where`` and every problem, one ``key.path: message`` each.
+    """
+    suffix = f"; {hint}" if hint else ""
+    if not isinstance(data, dict):
+        raise error(f"{where} is not {what}: expected a JSON object, got {type(data).__name__}{suffix}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors())
+        raise error(f"{where} is not {what} ({problems}){suffix}") from exc

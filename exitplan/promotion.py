@@ -18,8 +18,10 @@ from typing import Any
 import yaml
 
 from exitplan import tracking
+from exitplan.artifacts import ROUTER_FILE, gate_path, plan_path
 from exitplan.config import Params
 from exitplan.errors import ExitplanError, GateFailed
+from exitplan.gate_report import GateReport, read_gate_report
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 LINEAGE_STAGES = ("plan", "online_profile", "gate")
@@ -47,27 +49,13 @@ class Promotion:
     changes: list[str] = field(default_factory=list)
 
 
-def gate_report(params: Params) -> dict[str, Any]:
-    """The gate stage's report.
-
-    Raises:
-        ExitplanError: when the gate has not run.
-    """
-    path = params.path(params.gates.output_dir) / "gate.json"
-    if not path.is_file():
-        raise ExitplanError(f"no gate report at {path}: run `dvc repro gate` first")
-    from exitplan.files import read_json
-
-    return read_json(path, "gate report", hint="re-run `dvc repro gate`")
-
-
-def champion_failures(report: dict[str, Any], champion: dict[str, Any] | None, tolerance: float) -> list[str]:
+def champion_failures(report: GateReport, champion: dict[str, Any] | None, tolerance: float) -> list[str]:
     """Models whose served perplexity rose more than ``tolerance`` (relative) over the champion's."""
     if champion is None or "gate_quality" not in champion["tags"]:
         return []
     before = {row["model"]: row for row in json.loads(champion["tags"]["gate_quality"])}
     failures = []
-    for row in report["quality"]:
+    for row in report.quality:
         old = before.get(row["model"])
         if old is not None and row["ppl_helios"] > old["ppl_helios"] * (1 + tolerance):
             failures.append(f"vs champion v{champion['version']}: {row['model']} perplexity {row['ppl_helios']:.4f} "
@@ -100,9 +88,6 @@ def register_pulled_plan(params: Params) -> dict[str, Any] | None:
     Returns:
         The new challenger (as :func:`exitplan.tracking.alias_version` gives it), or None without a plan output.
     """
-    from exitplan.planner.plan_file import plan_path
-    from exitplan.routing.router_file import ROUTER_FILE
-
     section = params.plan
     first = section.scenarios[0].name
     path = plan_path(params, first)
@@ -135,11 +120,11 @@ def promote(params: Params, dry_run: bool = False) -> Promotion:
     if challenger is None:
         raise ExitplanError(f"no '{CHALLENGER}' version of {name}: run the plan stage first")
     champion = tracking.alias_version(settings, params.root, name, CHAMPION)
-    report = gate_report(params)
-    failures = [f"{s['suite']}: {f}" for s in report["suites"] for f in s["failures"]]
+    report = read_gate_report(gate_path(params))
+    failures = report.failures
     registered = hashlib.sha256(tracking.plan_artifact(settings, params.root, name, challenger["version"])).hexdigest()
-    if registered != report["plan_sha256"]:
-        failures.insert(0, f"the gate report is for plan {report['plan_sha256'][:12]}, the challenger "
+    if registered != report.plan_sha256:
+        failures.insert(0, f"the gate report is for plan {report.plan_sha256[:12]}, the challenger "
                            f"v{challenger['version']} is plan {registered[:12]}: run `dvc repro gate`")
     failures += champion_failures(report, champion, params.gates.tolerance_rel)
     before = champion["version"] if champion else None
@@ -155,9 +140,9 @@ def promote(params: Params, dry_run: bool = False) -> Promotion:
     result.champion_after = challenger["version"]
     result.changes.append(f"champion: {'v' + before if before else 'none'} -> v{challenger['version']}")
     if not dry_run:
-        tags = {"gate_passed": "true", "gate_quality": json.dumps(report["quality"]),
-                "gate_suites": json.dumps([{k: s[k] for k in ("suite", "success", "evaluated")}
-                                           for s in report["suites"]]),
+        tags = {"gate_passed": "true", "gate_quality": json.dumps(report.quality),
+                "gate_suites": json.dumps([s.model_dump(include={"suite", "success", "evaluated"})
+                                           for s in report.suites]),
                 "promoted_at": f"{time.time():.3f}", **lineage(params)}
         tracking.set_alias(settings, params.root, name, CHAMPION, challenger["version"], tags)
     return result

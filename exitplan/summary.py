@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from exitplan.artifacts import gate_path, plan_path
 from exitplan.config import Params
-from exitplan.planner.plan_file import Plan, parse_plan, plan_path
+from exitplan.planner.plan_file import Plan, parse_plan
 
 
 def _champion(params: Params) -> tuple[str, Plan] | None:
@@ -27,7 +28,7 @@ def promoted_plan(params: Params) -> str:
     champion = _champion(params)
     if champion is None:
         return (f"  no champion plan yet: the challenger ({path}) is promoted once its gates pass "
-                f"(report: {params.path(params.gates.output_dir) / 'gate.json'})")
+                f"(report: {gate_path(params)})")
     version, plan = champion
     head = (f"  promoted plan '{scenario.name}' (MLflow model {params.plan.registered_model} v{version}, "
             f"alias champion): "
@@ -54,7 +55,7 @@ def outputs(params: Params) -> str:
   quality labels     {params.path(params.label_quality.output_dir)}
   plans              {params.path(params.plan.output_dir)}
   HELIOS PHT         {params.path(params.helios.pht_path)} (online profile: reports/online_profile/)
-  gate report        {params.path(params.gates.output_dir) / 'gate.json'} (`exitplan promote --dry-run`)
+  gate report        {gate_path(params)} (`exitplan promote --dry-run`)
   metrics            reports/  (`dvc metrics show`, `dvc plots show`)
   runs               MLflow: `mlflow ui --backend-store-uri sqlite:///{params.root / 'mlflow.db'}`
 {promoted_plan(params)}"""

@@ -15,9 +15,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from exitplan.artifacts import ROUTER_FILE
 from exitplan.config import TrackingParams
 from exitplan.errors import TrackingError
-from exitplan.routing.router_file import ROUTER_FILE
 
 MAX_PARAM_CHARS = 6000
 """MLflow rejects longer param values."""

@@ -31,6 +31,15 @@ def test_a_stage_lists_every_project_module_it_runs(name: str) -> None:
     assert not missing, f"dvc.yaml stage '{name}' runs {missing} but its deps do not list them"
 
 
+@pytest.mark.parametrize("name", sorted(STAGES))
+def test_a_stage_lists_no_module_it_does_not_run(name: str) -> None:
+    """The other direction: a module the stage no longer imports would re-run it for nothing."""
+    stage = STAGES[name]
+    runs = {p.as_posix() for p in closure(REPO_ROOT, entry_module(stage["cmd"]) or "")}
+    stale = [d for d in _code_deps(stage) if d.endswith(".py") and d not in runs]
+    assert not stale, f"dvc.yaml stage '{name}' lists {stale} but does not run them"
+
+
 def test_every_stage_runs_a_project_module_and_every_code_dep_exists() -> None:
     for name, stage in STAGES.items():
         assert entry_module(stage["cmd"]) is not None, name

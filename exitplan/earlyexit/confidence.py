@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from exitplan.kinds import ConfidenceKind
+
 if TYPE_CHECKING:
     import torch
 
@@ -29,18 +31,18 @@ def negative_entropy(logits: torch.Tensor) -> torch.Tensor:
     return 1.0 - entropy / math.log(logits.shape[-1])
 
 
-CONFIDENCES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+CONFIDENCES: dict[ConfidenceKind, Callable[[torch.Tensor], torch.Tensor]] = {
     "max_prob": max_probability,
     "margin": margin,
     "entropy": negative_entropy,
 }
-"""Confidence measure name -> function. Higher is more confident, each in [0, 1]."""
+"""Confidence measure (:data:`exitplan.kinds.ConfidenceKind`) -> function. Higher is more confident, each in [0, 1]."""
 
 
 def confidence(logits: torch.Tensor, kind: str = "max_prob") -> torch.Tensor:
     """Confidence of each token under the measure ``kind`` (a key of :data:`CONFIDENCES`)."""
     try:
-        return CONFIDENCES[kind](logits)
+        return CONFIDENCES[kind](logits)  # type: ignore[index]
     except KeyError:
         from exitplan.errors import ExitplanError
 

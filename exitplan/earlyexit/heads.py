@@ -1,6 +1,6 @@
 """Exit heads: the learned module that maps a layer's hidden state before the shared final norm and LM head.
 
-Kinds (a registry keyed by ``type``, see :data:`HEAD_KINDS`):
+Kinds (:data:`exitplan.kinds.HeadKind`; the builders are :data:`HEADS`):
 
 - ``identity``: nothing learned; the plain final norm + LM head on an intermediate layer (the baseline).
 - ``affine``: ``h W + b`` fitted in closed form by ridge regression onto the final layer's hidden state (a
@@ -16,10 +16,13 @@ Kinds (a registry keyed by ``type``, see :data:`HEAD_KINDS`):
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
+
+from exitplan.kinds import HEAD_KINDS, HeadKind
 
 
 class IdentityHead(nn.Module):
@@ -102,8 +105,23 @@ class BlockHead(nn.Module):
         return out[0] if isinstance(out, tuple) else out
 
 
-HEAD_KINDS = ("identity", "affine", "block")
-"""Exit-head kinds, by ``type`` name."""
+def _identity(model: Any) -> nn.Module:
+    return IdentityHead()
+
+
+def _affine(model: Any) -> nn.Module:
+    return AffineHead(model.full_config.hidden_size)
+
+
+def _block(model: Any) -> nn.Module:
+    inner = model.model.model
+    # a packed layer holds no loadable weights: a head to load into gets a fresh layer of the same shape
+    source = model.new_layer(model.held_layers - 1) if getattr(model, "packed", False) else inner.layers[-1]
+    return BlockHead(source, inner.rotary_emb, model.full_config.hidden_size)
+
+
+HEADS: dict[HeadKind, Callable[[Any], nn.Module]] = {"identity": _identity, "affine": _affine, "block": _block}
+"""Exit-head kind (:data:`exitplan.kinds.HeadKind`) -> a builder of a new, untrained head for a model."""
 
 
 def make_head(kind: str, model: Any, exit_layer: int) -> nn.Module:
@@ -111,17 +129,14 @@ def make_head(kind: str, model: Any, exit_layer: int) -> nn.Module:
 
     ``model`` is an :class:`exitplan.earlyexit.partial_model.EarlyExitLM`; a block head copies its last held layer
     (the model's last layer when the model is whole, as it is for training; for loading only the shape matters, and a
-    packed model gives a fresh layer).
-    """
-    from exitplan.errors import ExitplanError
+    packed model gives a fresh layer). Every head has the same shape whatever its exit layer.
 
-    inner = model.model.model
-    if kind == "identity":
-        return IdentityHead()
-    if kind == "affine":
-        return AffineHead(model.full_config.hidden_size)
-    if kind == "block":
-        # a packed layer holds no loadable weights: a head to load into gets a fresh layer of the same shape
-        source = model.new_layer(model.held_layers - 1) if getattr(model, "packed", False) else inner.layers[-1]
-        return BlockHead(source, inner.rotary_emb, model.full_config.hidden_size)
-    raise ExitplanError(f"unknown exit head kind '{kind}'; known: {list(HEAD_KINDS)}")
+    Raises:
+        ExitplanError: ``kind`` is not one of :data:`exitplan.kinds.HEAD_KINDS`.
+    """
+    build = HEADS.get(kind)  # type: ignore[call-overload]
+    if build is None:
+        from exitplan.errors import ExitplanError
+
+        raise ExitplanError(f"unknown exit head kind '{kind}'; known: {list(HEAD_KINDS)}")
+    return build(model)

@@ -3,7 +3,9 @@
 ``torch.nn.functional.linear`` in bfloat16 on CPU calls oneDNN too, but reorders the weight on every call, so a
 decode step reads each weight twice; reordered once at load, a step streams it once. Measured on this machine (one
 core, 72 weights of 4864 x 896): 2.3x faster at one row, 1.8x at sixteen, bit-identical outputs. Inference only (no
-gradients); used where the serving engine holds a bfloat16 model and the CPU has oneDNN's bfloat16 kernels.
+gradients); used where the serving engine holds a bfloat16 model and the CPU has oneDNN's bfloat16 kernels
+(AVX512-BF16, AVX-NE-CONVERT, or AVX512 BW+VL+DQ); elsewhere (an AVX2-only CPU) models run unpacked, and packing is
+refused by name rather than failing inside oneDNN.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ class PackedLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
+        if not can_pack(torch.bfloat16):
+            from exitplan.errors import ExitplanError
+
+            raise ExitplanError("this CPU has no oneDNN bfloat16 kernels (AVX512-BF16, AVX-NE-CONVERT or AVX512 "
+                                "BW+VL+DQ): weights cannot be packed here; load the model with "
+                                "EarlyExitLM.for_inference, which packs only where it gains")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
         self.weight_bytes = weight.numel() * weight.element_size()

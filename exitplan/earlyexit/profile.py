@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from exitplan.earlyexit.confidence import confidence as confidence_of
+from exitplan.kinds import ConfidenceKind
 
 
 @dataclass
@@ -59,7 +60,7 @@ def _next_token_nll(logits: Any, tokens: Any) -> np.ndarray:
 
 
 def trace_kinds(model: Any, chunks: Any, exit_layers: Sequence[int], heads: Mapping[str, Mapping[int, Any]],
-                kind: str = "max_prob", batch_size: int = 4) -> dict[str, TokenExits]:
+                kind: ConfidenceKind = "max_prob", batch_size: int = 4) -> dict[str, TokenExits]:
     """Run ``model`` (an EarlyExitLM) once over token chunks and record every exit under every set of heads.
 
     Args:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from exitplan.earlyexit.confidence import confidence
 from exitplan.earlyexit.heads import AffineHead, BlockHead, make_head
 from exitplan.earlyexit.partial_model import EarlyExitLM
+from exitplan.kinds import ConfidenceKind
 
 
 @dataclass
@@ -198,7 +199,7 @@ def perplexity(model: EarlyExitLM, cache: ExitCache, batch_size: int = 4) -> flo
 
 @torch.no_grad()
 def evaluate_exit(model: EarlyExitLM, cache: ExitCache, exit_layer: int, head: torch.nn.Module | None,
-                  thresholds: Sequence[float] = (0.5, 0.8, 0.9), confidence_kind: str = "max_prob",
+                  thresholds: Sequence[float] = (0.5, 0.8, 0.9), confidence_kind: ConfidenceKind = "max_prob",
                   batch_size: int = 4) -> dict[str, float]:
     """How the exit after ``exit_layer`` (with ``head``, or none) compares with the final layer.
 

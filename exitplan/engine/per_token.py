@@ -20,6 +20,7 @@ from exitplan.engine.request import Request
 from exitplan.engine.served import Candidate, ServedModel, num_layers
 from exitplan.engine.telemetry import StepRecord, Telemetry
 from exitplan.errors import ExitplanError
+from exitplan.kinds import ConfidenceKind
 
 
 @dataclass
@@ -43,7 +44,7 @@ class PerTokenEngine:
     """
 
     def __init__(self, candidate: Candidate, memory_budget_bytes: int, threshold: float = 0.8,
-                 confidence: str = "max_prob", block_size: int = 16) -> None:
+                 confidence: ConfidenceKind = "max_prob", block_size: int = 16) -> None:
         from exitplan.earlyexit.checkpoint import read_heads
 
         self.threshold, self.confidence, self.budget = threshold, confidence, memory_budget_bytes

@@ -14,6 +14,7 @@ from exitplan.earlyexit.packed import module_bytes
 from exitplan.earlyexit.partial_model import EarlyExitLM
 from exitplan.earlyexit.runner import PagedRunner, kv_shape
 from exitplan.errors import ExitplanError
+from exitplan.kinds import HeadKind
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Candidate:
     name: str
     checkpoint: Path
     exits_dir: Path | None = None
-    head_kind: str = "block"
+    head_kind: HeadKind = "block"
     dtype: str = "float32"
 
 

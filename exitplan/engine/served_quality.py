@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from exitplan.artifacts import labels_path, queries_path
 from exitplan.config import Params
 from exitplan.engine.engine import Engine
 from exitplan.engine.factory import candidates, engine_config, requests, stop_ids
@@ -51,11 +52,11 @@ def _gsm8k(params: Params, model: str, tokenizer: Any, stop: frozenset[int]) -> 
     """Exact match of HELIOS's answers and of the full-depth labels, on the labelled GSM8K questions."""
     from exitplan.routing.labels import exact_match, prompt_ids
 
-    labels = pd.read_parquet(params.path(params.label_quality.output_dir) / "labels.parquet")
+    labels = pd.read_parquet(labels_path(params))
     mine = labels[(labels["model"] == model) & (labels["metric"] == "exact_match")].head(params.gates.gsm8k_queries)
     if mine.empty or params.gates.gsm8k_queries == 0:
         return float("nan"), float("nan")
-    queries = pd.read_parquet(params.path(params.prepare_workload.output_dir) / "queries.parquet")
+    queries = pd.read_parquet(queries_path(params))
     gsm = queries[queries["dataset"] == "gsm8k"].set_index("query_id").loc[mine["query_id"]]
     prompts = [prompt_ids(tokenizer, p, params.label_quality.max_prompt_tokens) for p in gsm["prompt"]]
     served = _serve(params, model, prompts, params.gates.gsm8k_max_new_tokens, stop, "helios", "gsm8k-")
@@ -80,7 +81,7 @@ def measure(params: Params, models: list[str]) -> tuple[pd.DataFrame, pd.DataFra
 
     here = runnable(params, models)
     gates = params.gates
-    queries = params.path(params.prepare_workload.output_dir) / "queries.parquet"
+    queries = queries_path(params)
     texts = held_out_texts(queries, params.train_exits.datasets, params.train_exits.seed, gates.requests,
                            skip=params.online_profile.requests)
     rows: list[dict[str, Any]] = []

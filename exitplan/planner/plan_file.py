@@ -9,14 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from exitplan.config import Params
 from exitplan.errors import ExitplanError
-from exitplan.files import parse_json
-
-PLAN_FILE = "plan.json"
-"""File name of a scenario's plan (in ``plan.output_dir/<scenario>/`` and in the MLflow model version)."""
+from exitplan.files import as_model, parse_json
 
 
 class _Record(BaseModel):
@@ -173,25 +169,14 @@ class Plan(_Record):
         return next((m for m in self.models if m.model == model), None)
 
 
-def plan_path(params: Params, scenario: str) -> Path:
-    """Where the ``plan`` stage writes ``scenario``'s plan."""
-    return params.path(params.plan.output_dir) / scenario / PLAN_FILE
-
-
 def parse_plan(raw: bytes | str, where: str) -> Plan:
     """A plan from the file's text.
 
     Raises:
         ExitplanError: naming ``where`` and every problem when it is not JSON or not a plan.
     """
-    data = parse_json(raw, where, hint="re-run the plan stage (`dvc repro plan`)")
-    if not isinstance(data, dict):
-        raise ExitplanError(f"{where} is not a plan: expected a JSON object, got {type(data).__name__}")
-    try:
-        return Plan.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors())
-        raise ExitplanError(f"{where} is not a valid plan: {problems}") from exc
+    hint = "re-run the plan stage (`dvc repro plan`)"
+    return as_model(parse_json(raw, where, hint=hint), Plan, where, "a plan", hint=hint)
 
 
 def read_plan(path: Path) -> Plan:

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
+from exitplan.atomic import write_json
 from exitplan.catalog import Gpu, Model
+from exitplan.files import as_model, read_json
 from exitplan.simulator.cost_model import CostModel, ReplicaSpec
 
 
@@ -46,6 +50,43 @@ class Ranked:
     def as_dict(self) -> dict:
         """JSON-ready form."""
         return asdict(self)
+
+
+class Selection(BaseModel):
+    """``candidates.json``: what HELIOS step 1 chose (stage ``select_candidates``)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    device: str
+    """The fitted device the ranking is for."""
+
+    mean_tokens: float
+    """Mean prompt + output tokens of the workload's trace."""
+
+    slo_tpot_ms: float
+    """The SLO on the time per output token."""
+
+    candidates: list[str]
+    """The chosen candidates (the Top-K that meet the SLO), best first."""
+
+    ranked: list[Ranked]
+    """Every candidate as step 1 saw it, best first."""
+
+
+def write_selection(path: Path, selection: Selection) -> Path:
+    """Write ``candidates.json`` atomically."""
+    return write_json(path, selection.model_dump())
+
+
+def read_selection(path: Path) -> Selection:
+    """``candidates.json``.
+
+    Raises:
+        ExitplanError: it is missing or not a selection (naming the stage to re-run).
+    """
+    hint = "re-run the select_candidates stage"
+    return as_model(read_json(path, "candidate selection", hint=hint), Selection, str(path), "a candidate selection",
+                    hint=hint)
 
 
 def exit_for(first_exits: np.ndarray, exit_layers: Sequence[int], num_layers: int,

@@ -21,9 +21,6 @@ import numpy as np
 from exitplan.catalog import Efficiency, Gpu, Link, Model
 from exitplan.simulator.cost_model import CostModel, ReplicaSpec
 
-DEVICE_FILE = "device.yaml"
-"""The fitted device entry a profiling stage writes into its output folder."""
-
 
 def measure(model: Any, batch_sizes: Sequence[int], contexts: Sequence[int], prefill_lengths: Sequence[int],
             repeats: int = 3, layers: Sequence[int] | None = None, block_size: int = 16) -> list[dict[str, Any]]:

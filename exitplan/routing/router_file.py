@@ -14,11 +14,9 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from exitplan.artifacts import ROUTER_FILE
 from exitplan.errors import ExitplanError
 from exitplan.routing.scores import EmbeddingScorer
-
-ROUTER_FILE = "router.json"
-"""File name of a plan's routing model (beside plan.json, in deploy bundles, in the MLflow model version)."""
 
 FORMAT = "exitplan-router/1"
 

@@ -7,12 +7,13 @@ before any work. Engine overrides are validated by :class:`~exitplan.config.Engi
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, ValidationError
 
 from exitplan.config import EngineParams
 from exitplan.errors import SimulationError
+from exitplan.kinds import SyntheticArrivalKind
 from exitplan.simulator.replica import MAX_TOKENS
 from exitplan.yaml_model import StrictModel, format_validation_error
 
@@ -47,7 +48,7 @@ class SimulateOptions(StrictModel):
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
     """Seed of the arrival process."""
 
-    arrival: Literal["poisson", "gamma", "burst"] = "poisson"
+    arrival: SyntheticArrivalKind = "poisson"
     """Arrival process."""
 
     burstiness: float = Field(default=1.0, gt=0, le=1000)

@@ -7,16 +7,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from exitplan.artifacts import perf_db_path, vllm_device_path
 from exitplan.atomic import write_atomic, write_json, write_parquet
 from exitplan.catalog import load_catalog
 from exitplan.config import Params
 from exitplan.errors import WorkloadError
-from exitplan.profiling.device import DEVICE_FILE
 from exitplan.simulator.perf_db import build_perf_db
 from exitplan.tracking import log_stage_run
 
 STAGE = "build_perf_db"
-DB_FILE = "perf_db.parquet"
 CURVES_FILE = "curves.csv"
 
 
@@ -78,7 +77,7 @@ def _vllm_rows(params: Params, lengths: tuple[Any, Any]) -> Any:
     from exitplan.vllm.simulate import planning_catalog, read_vllm_device, vllm_engine
 
     section = params.build_perf_db
-    device = read_vllm_device(params.path(params.profile_vllm.output_dir) / DEVICE_FILE)
+    device = read_vllm_device(vllm_device_path(params))
     models = [m for m in params.profile_vllm.models if m in section.models]
     cut = (lengths[0], np.minimum(lengths[1], section.vllm_max_output_len))
     return build_perf_db(planning_catalog(params), models, [device.gpu.id], vllm_engine(device), section.vllm_qps, cut,
@@ -100,7 +99,7 @@ def main(params: Params) -> dict[str, Any]:
         db = pd.concat([db, _vllm_rows(params, lengths)], ignore_index=True)
     seconds = time.perf_counter() - started
     reports = params.path("reports") / STAGE
-    write_parquet(params.path(section.output_dir) / DB_FILE, db)
+    write_parquet(perf_db_path(params), db)
     curves = db[~db["saturated"]][["model", "gpu", "tp", "pp", "layers", "qps", "e2e_p95_s", "ttft_p95_s",
                                    "tpot_p95_s"]].assign(deployment=lambda f: f["gpu"] + " tp" + f["tp"].astype(str)
                                                          + " pp" + f["pp"].astype(str))

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from exitplan.artifacts import exit_profile_path, queries_path
 from exitplan.atomic import write_atomic, write_json, write_parquet
 from exitplan.config import Params
 from exitplan.tracking import log_stage_run
@@ -23,7 +24,7 @@ def _held_out_chunks(params: Params, tokenizer: Any) -> tuple[Any, np.ndarray]:
     from exitplan.workload.split import split_queries
 
     section = params.exit_profile
-    _, held_out = split_queries(params.path(params.prepare_workload.output_dir) / "queries.parquet",
+    _, held_out = split_queries(queries_path(params),
                                 params.train_exits.datasets, params.train_exits.seed)
     chunks, labels = [], []
     for dataset in section.datasets:
@@ -97,12 +98,13 @@ def trace_models(params: Params) -> tuple[dict[str, dict[str, Any]], dict[str, n
         checkpoint = params.fetched(name)
         tokenizers[name] = (checkpoint / "tokenizer.json").read_bytes()
         chunks, labels[name] = _held_out_chunks(params, AutoTokenizer.from_pretrained(str(checkpoint)))
-        model = EarlyExitLM.for_inference(checkpoint, dtype=getattr(torch, section.dtype))  # as the engine runs it
+        # as the engine runs it
+        model = EarlyExitLM.for_inference(checkpoint, dtype=getattr(torch, params.helios.dtype))
         model.pack_vocab()
         heads: dict[str, dict[int, Any]] = {}
         for kind in section.head_kinds:
             exit_layers, heads[kind] = read_heads(model, params.path(params.train_exits.output_dir) / name, kind)
-        traces[name] = trace_kinds(model, chunks, exit_layers, heads, section.confidence)
+        traces[name] = trace_kinds(model, chunks, exit_layers, heads, params.helios.confidence)
         del model, heads
     return traces, labels, tokenizers
 
@@ -154,7 +156,7 @@ def main(params: Params) -> dict[str, Any]:
     per_token = [pd.DataFrame({"model": name, "kind": kind, "dataset": labels[name], "threshold": t,
                                "first_exit": first_confident_exit(trace, t)})
                  for name, by_kind in traces.items() for kind, trace in by_kind.items() for t in section.thresholds]
-    write_parquet(params.path(section.output_dir) / "profile.parquet", pd.concat(per_token, ignore_index=True))
+    write_parquet(exit_profile_path(params), pd.concat(per_token, ignore_index=True))
     reports = params.path("reports") / STAGE
     for table, rows in tables.items():
         frame = pd.DataFrame([{k: v for k, v in r.items() if k != "first_exit_distribution"} for r in rows])

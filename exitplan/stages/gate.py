@@ -18,15 +18,24 @@ from typing import Any
 
 import pandas as pd
 
+from exitplan.artifacts import (
+    LABELS_FILE,
+    LENGTHS_FILE,
+    gate_path,
+    imported_path,
+    labels_path,
+    perf_db_path,
+    plan_path,
+    telemetry_path,
+)
 from exitplan.atomic import write_json, write_parquet
 from exitplan.config import Params
 from exitplan.engine.telemetry import REQUEST_COLUMNS
-from exitplan.planner.plan_file import Plan, plan_path, read_plan
+from exitplan.gate_report import GateReport, ScenarioReport, SuiteRecord, write_gate_report
+from exitplan.planner.plan_file import Plan, read_plan
 from exitplan.tracking import log_stage_run
 from validation import suites
 from validation.check import SuiteResult, validate
-
-REPORT = "gate.json"
 
 
 def promoted_plan_path(params: Params) -> Path:
@@ -40,10 +49,14 @@ def sha256(path: Path) -> str:
 
 
 def pht_frame(path: Path) -> pd.DataFrame:
-    """The PHT as one row per candidate (exit shares summed)."""
-    raw = json.loads(path.read_text()) if path.is_file() else {}
-    return pd.DataFrame([{**{k: v for k, v in e.items() if k not in ("exit_distribution", "exit_layers")},
-                          "exit_share_sum": sum(e["exit_distribution"].values())} for e in raw.values()])
+    """The PHT as one row per candidate (exit shares summed); no rows when there is none."""
+    from dataclasses import asdict
+
+    from exitplan.profiling.pht import PerformanceHistoryTable
+
+    entries = PerformanceHistoryTable(path).entries.values()
+    return pd.DataFrame([{**{k: v for k, v in asdict(e).items() if k not in ("exit_distribution", "exit_layers")},
+                          "exit_share_sum": sum(e.exit_distribution.values())} for e in entries])
 
 
 def plan_frame(plan: Plan) -> pd.DataFrame:
@@ -58,10 +71,8 @@ def data_suites(params: Params, plan: Plan) -> list[SuiteResult]:
     workload = params.path(params.prepare_workload.output_dir)
     results = [validate(f"trace:{t.name}", pd.read_parquet(workload / f"trace_{t.name}.parquet"), suites.trace(gates))
                for t in params.prepare_workload.traces]
-    results.append(validate("perf_db", pd.read_parquet(params.path(params.build_perf_db.output_dir) /
-                                                       "perf_db.parquet"), suites.perf_db(gates)))
-    results.append(validate("labels", pd.read_parquet(params.path(params.label_quality.output_dir) /
-                                                      "labels.parquet"), suites.labels(gates)))
+    results.append(validate("perf_db", pd.read_parquet(perf_db_path(params)), suites.perf_db(gates)))
+    results.append(validate("labels", pd.read_parquet(labels_path(params)), suites.labels(gates)))
     results.append(validate("pht", pht_frame(params.path(params.helios.pht_path)), suites.pht(gates)))
     results.append(validate("plan", plan_frame(plan), suites.plan(gates)))
     return results
@@ -80,13 +91,20 @@ def not_served(params: Params, deployed: list[str]) -> str | None:
 
 def imported_suites(params: Params) -> list[SuiteResult]:
     """The imported labels and answer lengths the other scenarios rest on (validated once for all of them)."""
-    gates, imported = params.gates, params.path(params.import_labels.output_dir)
-    return [validate("imported_labels", pd.read_parquet(imported / "labels.parquet"), suites.imported_labels(gates)),
-            validate("imported_lengths", pd.read_parquet(imported / "lengths.parquet"),
+    gates = params.gates
+    return [validate("imported_labels", pd.read_parquet(imported_path(params, LABELS_FILE)),
+                     suites.imported_labels(gates)),
+            validate("imported_lengths", pd.read_parquet(imported_path(params, LENGTHS_FILE)),
                      suites.imported_lengths(gates))]
 
 
-def other_scenario(params: Params, name: str, inputs: list[SuiteResult]) -> dict[str, Any] | None:
+def record(result: SuiteResult) -> SuiteRecord:
+    """A suite's result as the report keeps it."""
+    return SuiteRecord(suite=result.suite, success=result.success, failures=list(result.failures),
+                       evaluated=result.evaluated)
+
+
+def other_scenario(params: Params, name: str, inputs: list[SuiteResult]) -> ScenarioReport | None:
     """The data suites of a scenario that is not promoted: its plan, with the imported ``inputs`` (the perf DB is
     in the promoted scenario's suites); ``None`` when the plan stage skipped it."""
     path = plan_path(params, name)
@@ -95,12 +113,12 @@ def other_scenario(params: Params, name: str, inputs: list[SuiteResult]) -> dict
     plan = read_plan(path)
     results = [*inputs, validate("plan", plan_frame(plan), suites.plan(params.gates))]
     deployed = [m.model for m in plan.served]
-    return {"plan": str(path.relative_to(params.root)), "plan_sha256": sha256(path),
-            "data_passed": all(r.success for r in results), "suites": [r.as_dict() for r in results],
-            "not_served": not_served(params, deployed)}
+    return ScenarioReport(plan=str(path.relative_to(params.root)), plan_sha256=sha256(path),
+                          data_passed=all(r.success for r in results), suites=[record(r) for r in results],
+                          not_served=not_served(params, deployed))
 
 
-def other_scenarios(params: Params) -> dict[str, dict[str, Any] | None]:
+def other_scenarios(params: Params) -> dict[str, ScenarioReport | None]:
     """:func:`other_scenario` of every scenario after the first."""
     names = [sc.name for sc in params.plan.scenarios[1:]]
     planned = [n for n in names if plan_path(params, n).is_file()]
@@ -108,7 +126,7 @@ def other_scenarios(params: Params) -> dict[str, dict[str, Any] | None]:
     return {n: other_scenario(params, n, inputs) for n in names}
 
 
-def run(params: Params) -> tuple[dict[str, Any], dict[str, float]]:
+def run(params: Params) -> tuple[GateReport, dict[str, float]]:
     """Run every suite and the quality gate; write the report and the HELIOS runs' telemetry.
 
     Returns:
@@ -122,27 +140,24 @@ def run(params: Params) -> tuple[dict[str, Any], dict[str, float]]:
     deployed = [m.model for m in plan.served]
     table, telemetry = measure(params, deployed)
     results.append(validate("quality", table, suites.quality(params.gates)))
-    out = params.path(params.gates.output_dir)
-    write_parquet(out / "telemetry.parquet", telemetry if not telemetry.empty else
+    write_parquet(telemetry_path(params), telemetry if not telemetry.empty else
                   pd.DataFrame(columns=list(REQUEST_COLUMNS)))
     seconds = dict(zip(table["model"], table.pop("serve_seconds"), strict=True)) if len(table) else {}
-    report = {"scenario": params.plan.scenarios[0].name, "plan": str(path.relative_to(params.root)),
-              "plan_sha256": sha256(path), "passed": all(r.success for r in results),
-              "suites": [r.as_dict() for r in results],
-              "quality": json.loads(table.to_json(orient="records")), "not_served": not_served(params, deployed),
-              "other_scenarios": other_scenarios(params)}
-    write_json(out / REPORT, report)
+    report = GateReport(scenario=params.plan.scenarios[0].name, plan=str(path.relative_to(params.root)),
+                        plan_sha256=sha256(path), passed=all(r.success for r in results),
+                        suites=[record(r) for r in results], quality=json.loads(table.to_json(orient="records")),
+                        not_served=not_served(params, deployed), other_scenarios=other_scenarios(params))
+    write_gate_report(gate_path(params), report)
     return report, seconds
 
 
-def metrics(report: dict[str, Any], seconds: dict[str, float]) -> dict[str, Any]:
+def metrics(report: GateReport, seconds: dict[str, float]) -> dict[str, Any]:
     """Numbers for ``dvc metrics show`` and MLflow (``seconds``: each model's serving time)."""
-    out: dict[str, Any] = {"passed": int(report["passed"]),
-                           "failed_expectations": sum(len(s["failures"]) for s in report["suites"])}
-    for name, other in report.get("other_scenarios", {}).items():
+    out: dict[str, Any] = {"passed": int(report.passed), "failed_expectations": len(report.failures)}
+    for name, other in report.other_scenarios.items():
         if other is not None:
-            out[f"{name}.data_passed"] = int(other["data_passed"])
-    for row in report["quality"]:
+            out[f"{name}.data_passed"] = int(other.data_passed)
+    for row in report.quality:
         for key in ("exit_layer", "ppl_helios", "ppl_full", "ppl_increase_rel", "rouge2_vs_full", "em_helios",
                     "em_full", "breach_rate"):
             out[f"{row['model']}.{key}"] = row[key]
@@ -150,31 +165,29 @@ def metrics(report: dict[str, Any], seconds: dict[str, float]) -> dict[str, Any]
     return out
 
 
-def main(params: Params) -> dict[str, Any]:
+def main(params: Params) -> GateReport:
     """Run the stage and record it."""
     report, seconds = run(params)
     figures = metrics(report, seconds)
     out = params.path(params.gates.output_dir)
     write_json(out / "metrics.json", figures)
-    log_stage_run("gate", params.tracking, params.root, params.gates.model_dump(), figures, [out / REPORT])
+    log_stage_run("gate", params.tracking, params.root, params.gates.model_dump(), figures, [gate_path(params)])
     return report
 
 
-def describe(report: dict[str, Any]) -> str:
+def describe(report: GateReport) -> str:
     """The verdict and every failed expectation."""
-    lines = [f"gate {'PASSED' if report['passed'] else 'FAILED'} for {report['plan']}"]
-    for suite in report["suites"]:
-        lines += [f"  {suite['suite']}: {f}" for f in suite["failures"]]
-    if report.get("not_served"):
-        lines.append(f"  note: {report['not_served']}")
-    for name, other in report.get("other_scenarios", {}).items():
+    lines = [f"gate {'PASSED' if report.passed else 'FAILED'} for {report.plan}"]
+    lines += [f"  {failure}" for failure in report.failures]
+    if report.not_served:
+        lines.append(f"  note: {report.not_served}")
+    for name, other in report.other_scenarios.items():
         if other is None:
             lines.append(f"{name}: no plan (skipped by the plan stage)")
             continue
-        lines.append(f"{name}: data suites {'passed' if other['data_passed'] else 'FAILED'} for {other['plan']}")
-        for suite in other["suites"]:
-            lines += [f"  {suite['suite']}: {f}" for f in suite["failures"]]
-        if other["not_served"]:
-            lines.append(f"  note: {other['not_served']}")
+        lines.append(f"{name}: data suites {'passed' if other.data_passed else 'FAILED'} for {other.plan}")
+        lines += [f"  {suite.suite}: {f}" for suite in other.suites for f in suite.failures]
+        if other.not_served:
+            lines.append(f"  note: {other.not_served}")
     return "\n".join(lines)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from exitplan.artifacts import LABELS_FILE, LENGTHS_FILE, QUERIES_FILE, imported_path
 from exitplan.atomic import write_json, write_parquet
 from exitplan.catalog import load_catalog
 from exitplan.config import Params
@@ -24,9 +25,6 @@ from exitplan.tracking import log_stage_run
 from exitplan.workload.trace import count_tokens
 
 STAGE = "import_labels"
-LABELS_FILE = "labels.parquet"
-QUERIES_FILE = "queries.parquet"
-LENGTHS_FILE = "lengths.parquet"
 LENGTH_COLUMNS = ["model", "dataset", "query_id", "prompt_len", "output_len", "answer_chars"]
 
 
@@ -90,10 +88,9 @@ def main(params: Params) -> dict[str, Any]:
         queries, lengths, ratios = with_lengths(params, imported)
         metrics = summary(params, imported, lengths, ratios)
     metrics["skipped"] = skipped
-    out = params.path(section.output_dir)
-    write_parquet(out / LABELS_FILE, imported.labels)
-    write_parquet(out / QUERIES_FILE, queries)
-    write_parquet(out / LENGTHS_FILE, lengths)
+    write_parquet(imported_path(params, LABELS_FILE), imported.labels)
+    write_parquet(imported_path(params, QUERIES_FILE), queries)
+    write_parquet(imported_path(params, LENGTHS_FILE), lengths)
     report = write_json(params.path("reports") / STAGE / "metrics.json", metrics)
     log_stage_run(STAGE, params.tracking, params.root, section.model_dump(), metrics, [report])
     return metrics

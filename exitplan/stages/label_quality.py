@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from exitplan.artifacts import labels_path, queries_path
 from exitplan.atomic import write_json, write_parquet
 from exitplan.config import Params
 from exitplan.tracking import log_stage_run
@@ -17,7 +18,7 @@ def sample_queries(params: Params) -> Any:
     import pandas as pd
 
     section = params.label_quality
-    table = pd.read_parquet(params.path(params.prepare_workload.output_dir) / "queries.parquet")
+    table = pd.read_parquet(queries_path(params))
     parts = []
     for dataset in section.datasets:
         mine = table[table["dataset"] == dataset]
@@ -66,7 +67,7 @@ def main(params: Params) -> dict[str, Any]:
         frames.append(read_user_labels(params.path(section.user_labels)))
     labels = pd.concat(frames, ignore_index=True)
     labels["query_id"] = labels["query_id"].astype(str)
-    write_parquet(params.path(section.output_dir) / "labels.parquet", labels)
+    write_parquet(labels_path(params), labels)
     summary = labels.groupby(["model", "metric"])["quality"].mean()
     metrics = {f"{m}.{metric}": float(v) for (m, metric), v in summary.items()}
     metrics.update({"queries": len(queries), "seconds": time.perf_counter() - started})

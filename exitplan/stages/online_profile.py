@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from exitplan.artifacts import queries_path
 from exitplan.atomic import write_json, write_parquet
 from exitplan.config import Params
 from exitplan.engine.engine import Engine
@@ -35,7 +36,7 @@ def sample(params: Params, tokenizer: Any) -> tuple[str, list[list[int]], list[i
     if snapshot.is_file():
         frame = pd.read_parquet(snapshot, columns=["prompt", "max_new_tokens"]).tail(section.requests)
         return str(snapshot), [list(map(int, p)) for p in frame["prompt"]], frame["max_new_tokens"].tolist()
-    queries = params.path(params.prepare_workload.output_dir) / "queries.parquet"
+    queries = queries_path(params)
     texts = held_out_texts(queries, params.train_exits.datasets, params.train_exits.seed, section.requests)
     prompts = chat_prompts(tokenizer, texts, section.max_prompt_tokens)
     return "held-out prompts", prompts, [section.max_new_tokens] * len(prompts)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from exitplan.artifacts import plan_path
 from exitplan.atomic import write_json
 from exitplan.config import Params
 from exitplan.tracking import log_stage_run
@@ -22,7 +23,7 @@ STAGE = "partial_checkpoints"
 def wanted(params: Params) -> tuple[list[tuple[str, int]], list[str]]:
     """The cuts to write (the plans' partial replicas, then ``cuts``) and the plans' models not fetched here."""
     from exitplan.catalog import load_catalog
-    from exitplan.planner.plan_file import plan_path, read_plan
+    from exitplan.planner.plan_file import read_plan
     from exitplan.vllm.truncate import plan_cuts
 
     catalog = load_catalog(params.path(params.catalog))

@@ -4,52 +4,54 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from exitplan.artifacts import (
+    LABELS_FILE,
+    PLAN_FILE,
+    QUERIES_FILE,
+    ROUTER_FILE,
+    imported_path,
+    labels_path,
+    perf_db_path,
+    plan_dir,
+    queries_path,
+)
 from exitplan.atomic import write_atomic, write_json, write_parquet
 from exitplan.config import Params, PlanScenario
 from exitplan.errors import ExitplanError, LabelsNotFound
-from exitplan.planner.plan_file import PLAN_FILE, Baseline, GroupPlan, ModelPlan, Plan, write_plan
-from exitplan.routing.router_file import ROUTER_FILE, RoutingModel, dump_router
+from exitplan.planner.plan_file import Baseline, GroupPlan, ModelPlan, Plan, write_plan
+from exitplan.routing.router_file import RoutingModel, dump_router
 from exitplan.tracking import register_plan
+
+if TYPE_CHECKING:
+    from exitplan.routing.trainer import TrainedRouter
 
 STAGE = "plan"
 
 
-def router(params: Params, scenario: PlanScenario) -> dict[str, Any]:
-    """Train the embedding router on part of the labelled queries; measure Q(f) on the rest.
+def router(params: Params, scenario: PlanScenario) -> TrainedRouter:
+    """The scenario's router, trained on its models' labelled queries (see :mod:`exitplan.routing.trainer`).
 
-    Returns:
-        ``quality`` (fractions -> Q), ``grid`` and ``values`` of the measured curve, ``window`` (scores of every
-        labelled query, for thresholds), and the oracle / random curves on the same grid for reference.
+    Raises:
+        ExitplanError: a labels or queries table is missing (naming the stage to run).
     """
-    from exitplan.planner.build import quality_function, quality_table, read_tables
-    from exitplan.routing.fractions import quality_curve
-    from exitplan.routing.scores import EmbeddingScorer, embed
+    from exitplan.planner.build import quality_table, read_tables
+    from exitplan.routing.scores import embed
+    from exitplan.routing.trainer import train_router
 
     section = params.plan
-    imported = params.path(params.import_labels.output_dir)
-    labels = read_tables([(params.path(params.label_quality.output_dir) / "labels.parquet", "label_quality"),
-                          (imported / "labels.parquet", "import_labels")])
+    labels = read_tables([(labels_path(params), "label_quality"),
+                          (imported_path(params, LABELS_FILE), "import_labels")])
     wide = quality_table(labels, scenario.models)
-    queries = read_tables([(params.path(params.prepare_workload.output_dir) / "queries.parquet", "prepare_workload"),
-                           (imported / "queries.parquet", "import_labels")])
+    queries = read_tables([(queries_path(params), "prepare_workload"),
+                           (imported_path(params, QUERIES_FILE), "import_labels")])
     prompts = queries.drop_duplicates(["dataset", "query_id"]).set_index(["dataset", "query_id"]).loc[
         wide.index, "prompt"].tolist()
     vectors = embed(params.checkpoint_path(section.embedder), prompts)
-    order = np.random.default_rng(section.seed).permutation(len(wide))
-    cut = max(2, int(len(wide) * section.routing_train_share))
-    train, held = order[:cut], order[cut:]
-    q = wide.to_numpy()
-    scorer = EmbeddingScorer().fit(vectors[train], q[train])
-    scores = scorer.score(vectors[held])
-    quality, grid, values = quality_function(scores, q[held], section.fraction_steps)
-    oracle = quality_curve(q[held][:, -1] - q[held][:, 0], q[held], grid)
-    random = quality_curve(np.random.default_rng(section.seed).normal(size=len(held)), q[held], grid)
-    return {"quality": quality, "grid": grid, "values": values, "oracle": oracle, "random": random,
-            "window": scorer.score(vectors), "held_out": len(held), "train": len(train), "scorer": scorer}
+    return train_router(vectors, wide.to_numpy(), section.seed, section.routing_train_share, section.fraction_steps)
 
 
 def binding_constraint(truth: list, scenario: PlanScenario) -> str:
@@ -69,9 +71,9 @@ def binding_constraint(truth: list, scenario: PlanScenario) -> str:
             f"{fastest.latency:.3f} s (${fastest.cost:.2f}/h)")
 
 
-def describe(problem: Any, plan: Any, window: np.ndarray, params: Params, **extra: Any) -> Plan:
+def describe(problem: Any, plan: Any, window: np.ndarray, db: Any, **extra: Any) -> Plan:
     """The plan file: per model its fraction, threshold, GPU groups, replica load weights, predicted P95/P99
-    (``extra``: the scenario's other fields of :class:`Plan`)."""
+    (``db``: the perf DB the P99 curves come from; ``extra``: the scenario's other fields of :class:`Plan`)."""
     from exitplan.planner.build import deployment_curves
     from exitplan.routing.fractions import thresholds
     from exitplan.simulator.curve import best_split
@@ -84,7 +86,7 @@ def describe(problem: Any, plan: Any, window: np.ndarray, params: Params, **extr
         entry: dict[str, Any] = {"model": m, "fraction": f, "load_qps": load, "deployed": f >= 1e-3}
         if f >= 1e-3:
             weights, p95 = best_split(load, cand.replica_curves(problem.curves[m]))
-            p99_curves = deployment_curves(params_db(params), m, [g.gpu for g in cand.groups], "e2e_p99_s")
+            p99_curves = deployment_curves(db, m, [g.gpu for g in cand.groups], "e2e_p99_s")
             _, p99 = best_split(load, cand.replica_curves(p99_curves))
             entry.update(cost_per_hour=cand.cost, predicted_p95_s=p95, predicted_p99_s=p99,
                          replica_weights=list(np.asarray(weights) / load),
@@ -94,19 +96,6 @@ def describe(problem: Any, plan: Any, window: np.ndarray, params: Params, **extr
     return Plan(models=models, thresholds=[float(x) for x in cuts], predicted_p95_s=plan.latency,
                 predicted_quality=plan.quality, cost_per_hour=plan.cost, load_qps=problem.load,
                 budget_per_hour=problem.budget, **extra)
-
-
-_DB: dict[str, Any] = {}
-
-
-def params_db(params: Params) -> Any:
-    """The perf DB (read once per process)."""
-    import pandas as pd
-
-    path = str(params.path(params.build_perf_db.output_dir) / "perf_db.parquet")
-    if path not in _DB:
-        _DB[path] = pd.read_parquet(path)
-    return _DB[path]
 
 
 def plot_front(path: Path, title: str, mobo: list, truth: list, marks: dict[str, Any], chosen: Any) -> Path:
@@ -150,9 +139,10 @@ def run_scenario(params: Params, scenario: PlanScenario) -> dict[str, Any]:
     section = params.plan
     started = time.perf_counter()
     routing = router(params, scenario)
+    db = pd.read_parquet(perf_db_path(params))
     catalog = planning_catalog(params)  # the catalog's GPUs and this machine's vLLM device
     prices = {g: catalog.gpu(g).price_per_hour for g in scenario.gpus}
-    problem = problem_from(params_db(params), prices, scenario.gpus, scenario.models, routing["quality"],
+    problem = problem_from(db, prices, scenario.gpus, scenario.models, routing.quality,
                            scenario.load_qps, scenario.budget_per_hour, section.metric, section.budget_points,
                            scenario.max_p95_s, section.load_shares)
     mobo = optimise(problem, section.evaluations, section.initial, section.batch, section.seed, beta=section.beta,
@@ -168,7 +158,7 @@ def run_scenario(params: Params, scenario: PlanScenario) -> dict[str, Any]:
                         scenario.min_quality)
     if chosen is None:
         raise ExitplanError(f"plan {scenario.name}: {binding_constraint(truth, scenario)}")
-    out = params.path(section.output_dir) / scenario.name
+    out = plan_dir(params, scenario.name)
     rows = [{"source": "mobo", "order": i, **vars(p)} for i, p in enumerate(mobo.plans)]
     rows += [{"source": "exhaustive-front", "order": i, **vars(p)} for i, p in enumerate(pareto(truth))]
     rows += [{"source": name, "order": 0, **vars(p)} for name, p in marks.items() if p is not None]
@@ -176,16 +166,16 @@ def run_scenario(params: Params, scenario: PlanScenario) -> dict[str, Any]:
     frame["fractions"] = frame["fractions"].map(list)
     frame["choice"] = frame["choice"].map(list)
     write_parquet(out / "front.parquet", frame)
-    plan = describe(problem, chosen, routing["window"], params, scenario=scenario.name,
+    plan = describe(problem, chosen, routing.window, db, scenario=scenario.name,
                     slo={"max_p95_s": scenario.max_p95_s, "min_quality": scenario.min_quality},
                     baselines={k: (None if p is None else Baseline(p95_s=p.latency, quality=p.quality, cost=p.cost))
                                for k, p in marks.items()},
-                    quality_curve={"f_large": routing["grid"][:, -1].tolist(), "router": routing["values"].tolist(),
-                                   "oracle": routing["oracle"].tolist(), "random": routing["random"].tolist()},
+                    quality_curve={"f_large": routing.grid[:, -1].tolist(), "router": routing.values.tolist(),
+                                   "oracle": routing.oracle.tolist(), "random": routing.random.tolist()},
                     evaluations=len(mobo.plans), found_by="mobo" if chosen is from_mobo else "exhaustive",
                     mobo_p95_s=None if from_mobo is None else from_mobo.latency)
     write_plan(out / PLAN_FILE, plan)
-    save_router(out / ROUTER_FILE, section.embedder, scenario.models, routing["scorer"], routing["window"])
+    save_router(out / ROUTER_FILE, section.embedder, scenario.models, routing.scorer, routing.window)
     reports = params.path("reports") / STAGE / scenario.name
     png = plot_front(reports / "front.png", f"{scenario.name}: {scenario.load_qps} req/s, "
                      f"${scenario.budget_per_hour}/h", mobo.plans, truth, marks, chosen)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from exitplan.artifacts import queries_path
 from exitplan.atomic import write_json, write_parquet
 from exitplan.config import Params
 from exitplan.errors import WorkloadError
@@ -12,7 +13,6 @@ from exitplan.workload.arrivals import read_timestamps
 from exitplan.workload.trace import build_query_table, build_trace, length_report, trace_report
 
 STAGE = "prepare_workload"
-QUERIES_FILE = "queries.parquet"
 
 
 def load_tokenizer(params: Params) -> Any:
@@ -42,7 +42,7 @@ def main(params: Params) -> dict[str, Any]:
                             timestamps.get(t.name))
         for t in section.traces
     }
-    write_parquet(out_dir / QUERIES_FILE, queries)
+    write_parquet(queries_path(params), queries)
     for name, trace in traces.items():
         write_parquet(out_dir / f"trace_{name}.parquet", trace)
     metrics = {

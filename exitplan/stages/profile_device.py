@@ -6,11 +6,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from exitplan.atomic import write_atomic, write_json, write_parquet
+from exitplan.artifacts import DEVICE_FILE, engine_device_path
+from exitplan.atomic import write_json, write_parquet
 from exitplan.config import Params
-from exitplan.profiling.device import DEVICE_FILE
+from exitplan.profiling.device_file import DeviceProfile, ReplicaKnobs, read_device, write_device
 from exitplan.tracking import log_stage_run
 
 STAGE = "profile_device"
@@ -56,9 +55,10 @@ def main(params: Params) -> dict[str, Any]:
 
 
 def fit_and_write(rows: list[dict[str, Any]], models: dict[str, Any], device_id: str, memory_gib: float,
-                  price_per_hour: float, out: Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                  price_per_hour: float, out: Path, engine: ReplicaKnobs | None = None) -> dict[str, Any]:
     """Fit the device to the measured ``rows``, add each row's prediction, and write ``steps.parquet`` and
-    ``device.yaml`` (the entry, its overheads and ``extra``) into ``out``; returns the fit's metrics."""
+    ``device.yaml`` (the entry, its overheads and the replicas' ``engine`` knobs) into ``out``; returns the fit's
+    metrics."""
     import pandas as pd
 
     from exitplan.profiling.device import fit_device, predict
@@ -69,24 +69,16 @@ def fit_and_write(rows: list[dict[str, Any]], models: dict[str, Any], device_id:
         for row, seconds in zip(mine, predict(mine, model, device, step, seq), strict=True):
             row["predicted"] = float(seconds)
     write_parquet(out / "steps.parquet", pd.DataFrame(rows))
-    entry = {"gpu": device.model_dump(), "step_overhead_s": step, "seq_overhead_s": seq, **(extra or {})}
-    write_atomic(out / DEVICE_FILE, lambda tmp: tmp.write_text(yaml.safe_dump(entry, sort_keys=False)))
+    write_device(out / DEVICE_FILE, DeviceProfile(gpu=device, step_overhead_s=step, seq_overhead_s=seq, engine=engine))
     return {"device": device.id, "flops_per_s": device.bf16_tflops * 1e12,
             "bytes_per_s": device.hbm_bandwidth_gbps * 1e9, "step_overhead_s": step, "seq_overhead_s": seq,
             "points": len(rows), **errors}
 
 
-def load_device(params: Params) -> tuple[Any, float, float]:
-    """The fitted device entry and its per-step and per-sequence overheads, from the stage's output.
+def load_device(params: Params) -> DeviceProfile:
+    """The device this stage fitted (entry and overheads).
 
     Raises:
-        ExitplanError: if the stage has not run.
+        ExitplanError: the stage has not run, or its output is not a device profile.
     """
-    from exitplan.catalog import Gpu
-    from exitplan.errors import ExitplanError
-
-    path = params.path(params.profile_device.output_dir) / DEVICE_FILE
-    if not path.is_file():
-        raise ExitplanError(f"no device profile at {path}: run the profile_device stage first")
-    entry = yaml.safe_load(path.read_text())
-    return Gpu.model_validate(entry["gpu"]), float(entry["step_overhead_s"]), float(entry["seq_overhead_s"])
+    return read_device(engine_device_path(params), STAGE)

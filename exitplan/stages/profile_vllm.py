@@ -67,6 +67,7 @@ def main(params: Params) -> dict[str, Any]:
     import psutil
 
     from exitplan.catalog import load_catalog
+    from exitplan.profiling.device_file import ReplicaKnobs
     from exitplan.stages.profile_device import fit_and_write
     from exitplan.vllm.replica import cpu_engine
 
@@ -78,10 +79,11 @@ def main(params: Params) -> dict[str, Any]:
     models = {name: catalog.model(name).model_copy(update={"dtype_bytes": size}) for name in section.models}
     memory = section.memory_gib or psutil.virtual_memory().total / 2**30
     knobs = cpu_engine(params)  # what the replicas ran with
-    engine = {"max_num_seqs": knobs.max_num_seqs, "block_size": knobs.block_size, "max_model_len": knobs.max_model_len,
-              "dtype": params.vllm.dtype, "kv_cache_gib": params.vllm.kv_cache_gib}
+    engine = ReplicaKnobs(max_num_seqs=knobs.max_num_seqs, block_size=knobs.block_size,
+                          max_model_len=params.vllm.max_model_len, dtype=params.vllm.dtype,
+                          kv_cache_gib=float(params.vllm.kv_cache_gib))
     metrics = fit_and_write(rows, models, section.device_id, memory, section.price_per_hour,
-                            params.path(section.output_dir), {"engine": engine})
+                            params.path(section.output_dir), engine)
     decode = [r for r in rows if r["kind"] == "decode"]
     shortest = min(r["context"] for r in decode)
     metrics.update({f"decode_tok_s_b{r['batch']}_{r['model'].split('/')[-1]}": r["batch"] / r["seconds"]

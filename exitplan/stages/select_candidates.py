@@ -2,33 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
+from exitplan.artifacts import exit_profile_path
 from exitplan.atomic import write_json
 from exitplan.config import Params
 from exitplan.errors import ExitplanError
 from exitplan.tracking import log_stage_run
 
+if TYPE_CHECKING:
+    from exitplan.profiling.candidates import Selection
+
 STAGE = "select_candidates"
 
 
-def main(params: Params) -> dict[str, Any]:
+def main(params: Params) -> Selection:
     """Rank ``helios.candidates``; keep the Top-K that meet the SLO.
 
     Raises:
         ExitplanError: if no candidate fits the memory budget and meets the SLO (the best figures are named).
     """
-    import json
-
     import numpy as np
     import pandas as pd
 
-    from exitplan.profiling.candidates import rank
+    from exitplan.earlyexit.checkpoint import read_index
+    from exitplan.profiling.candidates import Selection, rank, write_selection
     from exitplan.stages.profile_device import catalog_model, load_device
 
     h, section = params.helios, params.select_candidates
-    device, step, seq = load_device(params)
-    profile = pd.read_parquet(params.path(params.exit_profile.output_dir) / "profile.parquet")
+    fitted = load_device(params)
+    device, step, seq = fitted.gpu, fitted.step_overhead_s, fitted.seq_overhead_s
+    profile = pd.read_parquet(exit_profile_path(params))
     mine = profile[(profile["kind"] == h.head_kind) & (profile["threshold"] == h.threshold)]
     trace = pd.read_parquet(params.path(params.prepare_workload.output_dir) / f"trace_{section.lengths_trace}.parquet")
     mean_tokens = float((trace["prompt_len"] + trace["output_len"]).mean())
@@ -36,8 +40,7 @@ def main(params: Params) -> dict[str, Any]:
     for name in h.candidates:
         models[name] = catalog_model(params, name)
         first[name] = mine[mine["model"] == name]["first_exit"].to_numpy()
-        index = json.loads((params.path(params.train_exits.output_dir) / name / "exits.json").read_text())
-        exits[name] = [int(e) for e in index["exit_layers"]]
+        exits[name] = list(read_index(params.path(params.train_exits.output_dir) / name).exit_layers)
         if len(first[name]) == 0:
             raise ExitplanError(f"the exit profile has no {h.head_kind} tokens of {name} at threshold {h.threshold}")
     ranked = rank(models, first, exits, device, step, seq, h.memory_budget_gib * 2**30, mean_tokens,
@@ -48,9 +51,9 @@ def main(params: Params) -> dict[str, Any]:
         raise ExitplanError(f"no candidate meets the SLO of {section.slo_tpot_ms} ms per token within "
                             f"{h.memory_budget_gib} GiB: best is {best.model} at {best.tpot_ms:.0f} ms "
                             f"(batch {best.batch})")
-    result = {"device": device.id, "mean_tokens": mean_tokens, "slo_tpot_ms": section.slo_tpot_ms,
-              "candidates": [r.model for r in chosen], "ranked": [r.as_dict() for r in ranked]}
-    write_json(params.path(section.output), result)
+    result = Selection(device=device.id, mean_tokens=mean_tokens, slo_tpot_ms=section.slo_tpot_ms,
+                       candidates=[r.model for r in chosen], ranked=ranked)
+    write_selection(params.path(section.output), result)
     report = write_json(params.path("reports") / STAGE / "metrics.json",
                         {"selected": len(chosen), **{f"{r.model}.{k}": v for r in ranked
                                                      for k, v in r.as_dict().items()

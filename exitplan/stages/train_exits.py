@@ -8,9 +8,11 @@ from typing import Any
 
 import numpy as np
 
+from exitplan.artifacts import queries_path
 from exitplan.atomic import write_atomic, write_json
 from exitplan.config import Params
 from exitplan.errors import ConfigError
+from exitplan.kinds import HeadKind
 from exitplan.tracking import log_stage_run
 
 STAGE = "train_exits"
@@ -50,7 +52,7 @@ def main(params: Params, model_name: str) -> dict[str, Any]:
     import torch
     from transformers import AutoTokenizer
 
-    from exitplan.earlyexit.checkpoint import save_heads, write_index
+    from exitplan.earlyexit.checkpoint import ExitIndex, save_heads, write_index
     from exitplan.earlyexit.partial_model import EarlyExitLM
     from exitplan.earlyexit.training import (
         collect,
@@ -69,7 +71,7 @@ def main(params: Params, model_name: str) -> dict[str, Any]:
     torch.manual_seed(section.seed)
     checkpoint = params.fetched(model_name)
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
-    train_q, eval_q = split_queries(params.path(params.prepare_workload.output_dir) / "queries.parquet",
+    train_q, eval_q = split_queries(queries_path(params),
                                     section.datasets, section.seed)
     train = tokenize_chunks(tokenizer, train_q["text"].tolist(), section.chunk_tokens, section.train_chunks)
     held_out = tokenize_chunks(tokenizer, eval_q["text"].tolist(), section.chunk_tokens, section.eval_chunks)
@@ -102,16 +104,14 @@ def main(params: Params, model_name: str) -> dict[str, Any]:
         if kind != "identity":
             save_heads(out_dir, kind, heads)
     final_perplexity = perplexity(model, eval_cache)
-    index: dict[str, Any] = {
-        "model": model_name, "num_layers": model.num_layers, "exit_layers": exits,
-        "kinds": list(dict.fromkeys(["identity", *section.head_kinds])),
-        "final_perplexity": final_perplexity, "train_tokens": int(train.numel()),
-        "eval_tokens": int(held_out.numel()),
-        "depth85": {k: depth_at(rows, k, 0.85, model.num_layers) for k in ["identity", *section.head_kinds]},
-        "exits": rows,
-    }
+    kinds: list[HeadKind] = list(dict.fromkeys(["identity", *section.head_kinds]))
+    index = ExitIndex(model=model_name, num_layers=model.num_layers, exit_layers=exits, kinds=kinds,
+                      final_perplexity=final_perplexity, train_tokens=int(train.numel()),
+                      eval_tokens=int(held_out.numel()),
+                      depth85={k: depth_at(rows, k, 0.85, model.num_layers) for k in kinds}, exits=rows)
     write_index(out_dir, index)  # an output: what the heads are, never how long they took (same inputs, same bytes)
-    summary: dict[str, Any] = {**index, "collect_s": collected_s, "total_s": time.perf_counter() - started}
+    summary: dict[str, Any] = {**index.model_dump(), "collect_s": collected_s,
+                               "total_s": time.perf_counter() - started}
     reports = params.path("reports") / STAGE
     report = write_json(reports / f"{model_name}.json", summary)
     plot = plot_agreement(rows, model_name, reports / f"{model_name}.png")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from exitplan.errors import WorkloadError
+from exitplan.kinds import ARRIVAL_KINDS, ArrivalKind
 
 
 def poisson_arrivals(n: int, qps: float, rng: np.random.Generator) -> np.ndarray:
@@ -60,17 +62,33 @@ def replay_arrivals(n: int, timestamps: np.ndarray, qps: float | None = None) ->
 
 
 
+def _replay(n: int, qps: float, rng: np.random.Generator, burstiness: float,
+            timestamps: np.ndarray | None) -> np.ndarray:
+    if timestamps is None:
+        raise WorkloadError("replay arrivals need timestamps")
+    return replay_arrivals(n, timestamps, qps)
+
+
+ArrivalFn = Callable[[int, float, np.random.Generator, float, "np.ndarray | None"], np.ndarray]
+"""``(n, qps, rng, burstiness, timestamps) -> arrival times``: one signature for every arrival process."""
+
+ARRIVALS: dict[ArrivalKind, ArrivalFn] = {
+    "poisson": lambda n, qps, rng, burstiness, timestamps: poisson_arrivals(n, qps, rng),
+    "gamma": lambda n, qps, rng, burstiness, timestamps: gamma_arrivals(n, qps, rng, burstiness),
+    "replay": _replay,
+    "burst": lambda n, qps, rng, burstiness, timestamps: burst_arrivals(n),
+}
+"""Arrival kind (:data:`exitplan.kinds.ArrivalKind`) -> its process."""
+
+
 def make_arrivals(kind: str, n: int, qps: float, rng: np.random.Generator, burstiness: float = 1.0,
                   timestamps: np.ndarray | None = None) -> np.ndarray:
-    """Arrival times of ``n`` requests for an arrival kind of :data:`exitplan.config.ArrivalKind`."""
-    if kind == "poisson":
-        return poisson_arrivals(n, qps, rng)
-    if kind == "gamma":
-        return gamma_arrivals(n, qps, rng, burstiness)
-    if kind == "burst":
-        return burst_arrivals(n)
-    if kind == "replay":
-        if timestamps is None:
-            raise WorkloadError("replay arrivals need timestamps")
-        return replay_arrivals(n, timestamps, qps)
-    raise WorkloadError(f"unknown arrival kind '{kind}'; known: poisson, gamma, replay, burst")
+    """Arrival times of ``n`` requests for an arrival kind of :data:`exitplan.kinds.ArrivalKind`.
+
+    Raises:
+        WorkloadError: an unknown kind, or ``replay`` without timestamps.
+    """
+    process = ARRIVALS.get(kind)  # type: ignore[call-overload]
+    if process is None:
+        raise WorkloadError(f"unknown arrival kind '{kind}'; known: {', '.join(ARRIVAL_KINDS)}")
+    return process(n, qps, rng, burstiness, timestamps)

@@ -13,7 +13,12 @@ import yaml
 
 from exitplan import REPO_ROOT
 from exitplan.errors import PipelineError
+from exitplan.gate_report import read_gate_report
 from exitplan.pipeline import dvc_executable, repro, stage_names
+from exitplan.planner.plan_file import read_plan
+from exitplan.profiling.candidates import read_selection
+from exitplan.profiling.device_file import read_device
+from exitplan.vllm.simulate import read_vllm_device
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
@@ -121,8 +126,8 @@ def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) 
     assert ran["profile_vllm"] == ["profile_vllm"]  # a real vLLM replica of SmolLM2, timed through its API
     vllm_steps = pd.read_parquet(repo / "data" / "vllm_profile" / "steps.parquet")
     assert len(vllm_steps) == 2 * 1 + 2 and (vllm_steps["seconds"] > 0).all()
-    vllm_device = yaml.safe_load((repo / "data" / "vllm_profile" / "device.yaml").read_text())
-    assert vllm_device["gpu"]["id"] == "vllm-cpu" and vllm_device["engine"]["block_size"] == 32
+    vllm_device = read_vllm_device(repo / "data" / "vllm_profile" / "device.yaml")
+    assert vllm_device.gpu.id == "vllm-cpu" and vllm_device.engine is not None and vllm_device.engine.block_size == 32
     assert ran["build_perf_db"] == ["build_perf_db"]
     db = pd.read_parquet(repo / "data" / "perf_db" / "perf_db.parquet")
     assert set(db["model"]) == {SMOLLM2, "meta-llama/Llama-2-7b-hf"}
@@ -145,19 +150,19 @@ def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) 
     assert ran["profile_device"] == ["profile_device"] and ran["select_candidates"] == ["select_candidates"]
     steps = pd.read_parquet(repo / "data" / "device_profile" / "steps.parquet")
     assert len(steps) == 2 * (2 * 1 + 2)  # (full and half depth) x (2 decode batches x 1 context + 2 prefills)
-    device = yaml.safe_load((repo / "data" / "device_profile" / "device.yaml").read_text())
-    assert device["gpu"]["id"] == "local-cpu" and device["gpu"]["bf16_tflops"] > 0
-    chosen = json.loads((repo / "data" / "helios" / "candidates.json").read_text())
-    assert chosen["candidates"] == [SMOLLM2] and chosen["ranked"][0]["batch"] >= 1
+    device = read_device(repo / "data" / "device_profile" / "device.yaml", "profile_device")
+    assert device.gpu.id == "local-cpu" and device.gpu.bf16_tflops > 0 and device.engine is None
+    chosen = read_selection(repo / "data" / "helios" / "candidates.json")
+    assert chosen.candidates == [SMOLLM2] and chosen.ranked[0].batch >= 1
     labels = pd.read_parquet(repo / "data" / "labels" / "labels.parquet")
     mine = labels[labels["model"] == SMOLLM2]
     assert len(mine) == 6 and labels["quality"].between(0, 1).all()
     assert sorted(mine["metric"]) == ["exact_match"] * 2 + ["reference_score"] * 4
     assert set(labels[labels["model"] == LLAMA2]["metric"]) == {"user"}
-    plan = json.loads((repo / "data" / "plan" / "tiny" / "plan.json").read_text())
-    assert plan["cost_per_hour"] <= 1.2 and sum(m["fraction"] for m in plan["models"]) == pytest.approx(1.0)
-    assert plan["found_by"] in {"mobo", "exhaustive"}  # the best of MOBO's and the grid's plans: no baseline beats it
-    assert all(b is None or plan["predicted_p95_s"] <= b["p95_s"] + 1e-9 for b in plan["baselines"].values())
+    plan = read_plan(repo / "data" / "plan" / "tiny" / "plan.json")
+    assert plan.cost_per_hour <= 1.2 and sum(m.fraction for m in plan.models) == pytest.approx(1.0)
+    assert plan.found_by in {"mobo", "exhaustive"}  # the best of MOBO's and the grid's plans: no baseline beats it
+    assert all(b is None or plan.predicted_p95_s <= b.p95_s + 1e-9 for b in plan.baselines.values())
     assert (repo / "reports" / "plan" / "tiny" / "front.png").is_file()
     metrics = json.loads((repo / "reports" / "plan" / "metrics.json").read_text())
     assert "supply" in metrics["skipped"]["unlabelled"] or "label" in metrics["skipped"]["unlabelled"]
@@ -200,10 +205,10 @@ def test_stage_runs_are_tracked_in_mlflow(repo: Path, flow_results) -> None:
 
 
 def test_the_gate_report_covers_every_input_and_the_served_quality(repo: Path, flow_results) -> None:
-    report = json.loads((repo / "reports" / "gates" / "gate.json").read_text())
-    assert report["passed"], report
-    assert {s["suite"] for s in report["suites"]} == {"trace:small", "perf_db", "labels", "pht", "plan", "quality"}
-    (row,) = report["quality"]  # the Llama of the plan is simulated: only SmolLM2 runs here
+    report = read_gate_report(repo / "reports" / "gates" / "gate.json")
+    assert report.passed, report
+    assert {s.suite for s in report.suites} == {"trace:small", "perf_db", "labels", "pht", "plan", "quality"}
+    (row,) = report.quality  # the Llama of the plan is simulated: only SmolLM2 runs here
     assert row["model"] == SMOLLM2 and row["ppl_helios"] > 1 and row["ppl_increase_rel"] <= 0.01
     assert (repo / "data" / "helios" / "pht.json").is_file()
     reference = pd.read_parquet(repo / "data" / "helios" / "reference_telemetry.parquet")
@@ -255,5 +260,5 @@ def test_deploying_the_champion_renders_vllm_files_and_serves_a_smoke_request(re
     text = "".join(p.read_text() for p in scripts)
     assert scripts and "vllm serve" in text and "--tensor-parallel-size" in text
     replicas = json.loads((repo / "data" / "deploy" / "replicas.json").read_text())["replicas"]
-    plan = json.loads((repo / "data" / "plan" / "tiny" / "plan.json").read_text())
-    assert len(replicas) == sum(g["dp"] for m in plan["models"] if m["fraction"] > 0 for g in m["groups"])
+    plan = read_plan(repo / "data" / "plan" / "tiny" / "plan.json")
+    assert len(replicas) == sum(m.replicas for m in plan.served)

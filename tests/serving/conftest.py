@@ -61,7 +61,7 @@ def serve(app, port: int | None = None) -> Iterator[str]:
         thread.join(timeout=60)
 
 
-def engine_app(checkpoint: Path, name: str = SMOLLM2, max_queue: int = 64, timeout_s: float = 60.0,
+def engine_app(checkpoint: Path, name: str = SMOLLM2, max_queue: int = 64, timeout_s: float = 240.0,
                api_key: str | None = None, max_num_seqs: int = 8, telemetry: Path | None = None,
                drain_s: float = 20.0):
     from exitplan.engine.engine import EngineConfig

@@ -1,7 +1,11 @@
-"""Packed linear weights (oneDNN layout, bfloat16): the same outputs, the same bytes, on layers loaded later too."""
+"""Packed linear weights (oneDNN layout, bfloat16): the same outputs, the same bytes, on layers loaded later too;
+on a CPU without oneDNN's bfloat16 kernels (AVX2 only), refused by name and never used."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -11,11 +15,48 @@ from exitplan.earlyexit.kv_pool import KVPool
 from exitplan.earlyexit.packed import FrozenProjection, PackedLinear, can_pack, module_bytes, pack
 from exitplan.earlyexit.partial_model import EarlyExitLM
 from exitplan.earlyexit.runner import PagedRunner, Work, attend, kv_shape
+from exitplan.errors import ExitplanError
 
 PROMPTS = [[5, 17, 230, 99, 4, 1000, 7], [42, 8, 300]]
 
+BF16_KERNELS = can_pack(torch.bfloat16)
+"""Whether this CPU packs bfloat16 (the machines of this kind differ: AVX512 EPYCs do, AVX2-only ones do not)."""
+
+
+def refused_here() -> bool:
+    """On a CPU without the kernels: packing is refused by name (asserted here), and the packing test has nothing
+    more to check. True when it was refused."""
+    if BF16_KERNELS:
+        return False
+    with pytest.raises(ExitplanError, match="no oneDNN bfloat16 kernels"):
+        pack(nn.Linear(8, 8).to(torch.bfloat16))
+    return True
+
+
+def _cpu_flags() -> set[str]:
+    text = Path("/proc/cpuinfo").read_text()
+    return set(next(line for line in text.splitlines() if line.startswith("flags")).split(":", 1)[1].split())
+
+
+def test_bfloat16_is_packed_exactly_where_the_cpu_has_onednn_kernels() -> None:
+    """oneDNN's bfloat16 reorder needs AVX-NE-CONVERT or AVX512 BW+VL+DQ; float32 is never packed."""
+    flags = _cpu_flags()
+    assert ("avx_ne_convert" in flags or {"avx512bw", "avx512vl", "avx512dq"} <= flags) == BF16_KERNELS
+    assert not can_pack(torch.float32)
+
+
+def test_packing_where_the_cpu_cannot_is_refused_by_name_and_for_inference_does_not_pack(tiny_checkpoint) -> None:
+    path, _ = tiny_checkpoint
+    model = EarlyExitLM.for_inference(path, dtype=torch.bfloat16)
+    assert model.packed == BF16_KERNELS
+    model.pack_vocab()
+    assert (model.vocab is not None) == BF16_KERNELS
+    refused_here()
+
 
 def test_a_packed_linear_gives_the_same_bits_for_any_rows_and_counts_its_bytes() -> None:
+    if refused_here():
+        return
     torch.manual_seed(0)
     linear = nn.Linear(96, 160, bias=True).to(torch.bfloat16)
     packed = pack(linear)
@@ -28,6 +69,8 @@ def test_a_packed_linear_gives_the_same_bits_for_any_rows_and_counts_its_bytes()
 def test_a_frozen_projection_gives_the_linear_products_and_the_input_gradient() -> None:
     """Forward ``x @ W.T`` and backward ``g @ W`` through the two packed copies, equal to bfloat16 ``F.linear``'s
     (same kernels), with the gradient returned in the input's dtype and none for the frozen weight."""
+    if refused_here():
+        return
     torch.manual_seed(0)
     linear = nn.Linear(96, 500, bias=False)
     projection = FrozenProjection(linear)
@@ -43,11 +86,6 @@ def test_a_frozen_projection_gives_the_linear_products_and_the_input_gradient() 
     assert not any(p.requires_grad for p in projection.parameters())
 
 
-def test_only_bfloat16_is_packed() -> None:
-    """This machine kind (AMD EPYC with AVX512-BF16) has oneDNN's bfloat16 kernels; float32 is never packed."""
-    assert can_pack(torch.bfloat16) and not can_pack(torch.float32)
-
-
 def _logits(model: EarlyExitLM) -> list[torch.Tensor]:
     pool = KVPool(kv_shape(model), model.held_layers, 16, 4)
     blocks = [pool.allocate(pool.blocks_for(len(p))) for p in PROMPTS]
@@ -57,6 +95,8 @@ def _logits(model: EarlyExitLM) -> list[torch.Tensor]:
 
 
 def test_a_packed_model_grown_later_equals_the_unpacked_whole_and_weighs_the_same(tiny_checkpoint) -> None:
+    if refused_here():
+        return
     path, _ = tiny_checkpoint
     whole = EarlyExitLM.from_pretrained(path, dtype=torch.bfloat16)
     grown = EarlyExitLM.from_pretrained(path, 2, dtype=torch.bfloat16)
@@ -71,6 +111,8 @@ def test_a_packed_model_grown_later_equals_the_unpacked_whole_and_weighs_the_sam
 
 
 def test_a_block_head_loads_into_a_packed_model(tiny_checkpoint) -> None:
+    if refused_here():
+        return
     path, _ = tiny_checkpoint
     plain = EarlyExitLM.from_pretrained(path, 3, dtype=torch.bfloat16)
     trained = make_head("block", plain, 3)

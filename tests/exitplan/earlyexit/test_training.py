@@ -50,14 +50,17 @@ def test_block_head_distillation_lowers_the_loss_and_beats_the_affine_map(caches
 
 
 def test_exit_checkpoint_round_trip(caches, smollm2_checkpoint, tmp_path) -> None:
-    from exitplan.earlyexit.checkpoint import load_heads, save_heads, write_index
+    from exitplan.earlyexit.checkpoint import ExitIndex, load_heads, read_index, save_heads, write_index
 
     model, train, held_out = caches
     affine = {MIDDLE: fit_affine(train, MIDDLE)}
     block, _ = train_block(model, train, 24, steps=2, batch_size=1)
     save_heads(tmp_path, "affine", affine)
     save_heads(tmp_path, "block", {24: block})
-    write_index(tmp_path, {"exit_layers": [MIDDLE], "kinds": ["identity", "affine"]})
+    index = ExitIndex(model="smollm2", num_layers=model.num_layers, exit_layers=[MIDDLE], kinds=["identity", "affine"],
+                      final_perplexity=9.5, train_tokens=64, eval_tokens=32, depth85={"affine": 1.0}, exits=[])
+    write_index(tmp_path, index)
+    assert read_index(tmp_path) == index
     fresh = EarlyExitLM.from_pretrained(smollm2_checkpoint, layers=MIDDLE)
     assert load_heads(fresh, tmp_path, "affine") == [MIDDLE]
     hidden = held_out.hidden[MIDDLE][:1]

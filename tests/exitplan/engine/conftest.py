@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from exitplan.earlyexit.checkpoint import save_heads, write_index
+from exitplan.earlyexit.checkpoint import ExitIndex, save_heads, write_index
 from exitplan.earlyexit.heads import make_head
 from exitplan.earlyexit.partial_model import EarlyExitLM
 from exitplan.engine.served import Candidate
@@ -28,7 +28,8 @@ def make_candidate(root: Path, name: str, seed: int, layers: int = 6) -> Candida
     heads = {e: make_head("block", model, e) for e in EXITS}
     exits.mkdir(parents=True)
     save_heads(exits, "block", heads)
-    write_index(exits, {"model": name, "num_layers": layers, "exit_layers": EXITS, "kinds": ["identity", "block"]})
+    write_index(exits, ExitIndex(model=name, num_layers=layers, exit_layers=EXITS, kinds=["identity", "block"],
+                                 final_perplexity=float("nan"), train_tokens=0, eval_tokens=0, depth85={}, exits=[]))
     return Candidate(name, checkpoint, exits, "block")
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from plan_factory import plan_of
 
+from exitplan.artifacts import PLAN_FILE
 from exitplan.errors import ExitplanError
-from exitplan.planner.plan_file import PLAN_FILE, parse_plan, read_plan, write_plan
+from exitplan.planner.plan_file import parse_plan, read_plan, write_plan
 
 
 def _plan():

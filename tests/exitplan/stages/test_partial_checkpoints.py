@@ -9,10 +9,11 @@ import yaml
 from plan_factory import plan_of
 
 from exitplan import REPO_ROOT
+from exitplan.artifacts import PLAN_FILE
 from exitplan.config import load_params
 from exitplan.deploy import ReplicaLaunch, bundle_partials, replica_checkpoint
 from exitplan.errors import ExitplanError
-from exitplan.planner.plan_file import PLAN_FILE, Plan, write_plan
+from exitplan.planner.plan_file import Plan, write_plan
 from exitplan.stages import partial_checkpoints
 from exitplan.vllm.truncate import partial_name, plan_cuts
 

@@ -63,9 +63,10 @@ def test_stop_kills_a_replica_whose_shutdown_hangs_and_what_it_started(tmp_path)
     hung = "trap '' TERM; sleep 300 & echo $! > child; wait"  # ignores SIGTERM, as does its child
     proc = subprocess.Popen(["bash", "-c", hung], cwd=tmp_path, start_new_session=True)
     deadline = time.monotonic() + 10
-    while not (tmp_path / "child").is_file() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    child = int((tmp_path / "child").read_text())
+    pid_file = tmp_path / "child"
+    while not (pid_file.is_file() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the file appears before bash has written the pid into it
+    child = int(pid_file.read_text())
     began = time.monotonic()
     vllm_replica.stop(proc, grace_s=1.0)
     assert proc.returncode is not None and time.monotonic() - began < 10

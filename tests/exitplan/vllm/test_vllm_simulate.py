@@ -37,5 +37,10 @@ def test_a_missing_or_malformed_profile_names_the_stage(tmp_path) -> None:
     with pytest.raises(ExitplanError, match="run `dvc repro profile_vllm`"):
         read_vllm_device(tmp_path / "absent.yaml")
     (tmp_path / "bad.yaml").write_text("gpu: {}\n")
-    with pytest.raises(ExitplanError, match="not a vLLM device profile"):
+    with pytest.raises(ExitplanError, match=r"bad.yaml is not a device profile \(gpu.id: required key"):
         read_vllm_device(tmp_path / "bad.yaml")
+    ours = yaml.safe_load(write_device(tmp_path / "ours.yaml").read_text())
+    del ours["engine"]  # profile_device's: our engine's device, no vLLM knobs
+    (tmp_path / "ours.yaml").write_text(yaml.safe_dump(ours))
+    with pytest.raises(ExitplanError, match="not a vLLM device profile"):
+        read_vllm_device(tmp_path / "ours.yaml")
