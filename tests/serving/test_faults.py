@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import re
 import signal
 import threading
 import time
@@ -43,6 +44,15 @@ def _events(url: str, body: dict, timeout: float = 300) -> list[dict | str]:
     return events
 
 
+def _streaming(url: str, n: int) -> bool:
+    """Whether the engine server at ``url`` has ``n`` requests in flight and has generated (so streamed) at least
+    two tokens for each (its exit-layer histogram counts every generated token)."""
+    if httpx.get(f"{url}/health", timeout=10).json()["in_flight"] < n:
+        return False
+    found = re.search(r"^exitplan_exit_layer_count (\S+)$", httpx.get(f"{url}/metrics", timeout=10).text, re.M)
+    return found is not None and float(found.group(1)) >= 2 * n
+
+
 def test_a_replica_killed_mid_stream_never_answers_a_client_twice(smollm2_checkpoint: Path, tmp_path: Path) -> None:
     victim, victim_url = engine_process(smollm2_checkpoint, tmp_path, SMALL)
     try:
@@ -52,10 +62,13 @@ def test_a_replica_killed_mid_stream_never_answers_a_client_twice(smollm2_checkp
                 body = {"model": SMALL, "prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 300,
                         "stream": True}
                 futures = [pool.submit(_events, url, body) for _ in range(8)]
-                deadline = time.monotonic() + 60
-                while httpx.get(f"{victim_url}/health").json()["in_flight"] < 3 and time.monotonic() < deadline:
+                # Kill only once the victim streams: a request it has not answered yet is retried elsewhere, unseen
+                # by the client (on a slow CPU the first tokens can take seconds after admission).
+                deadline = time.monotonic() + 180
+                while not _streaming(victim_url, 3) and time.monotonic() < deadline:
                     time.sleep(0.05)
-                time.sleep(0.5)  # the victim's streams have sent tokens
+                assert _streaming(victim_url, 3), "the victim never streamed three requests at once"
+                time.sleep(0.5)
                 victim.send_signal(signal.SIGKILL)
                 streams = [f.result() for f in futures]
     finally:
