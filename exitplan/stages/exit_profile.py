@@ -11,6 +11,7 @@ import numpy as np
 from exitplan.artifacts import exit_profile_path, queries_path
 from exitplan.atomic import write_atomic, write_json, write_parquet
 from exitplan.config import Params
+from exitplan.cpu_features import local_dtype
 from exitplan.tracking import log_stage_run
 
 STAGE = "exit_profile"
@@ -99,7 +100,7 @@ def trace_models(params: Params) -> tuple[dict[str, dict[str, Any]], dict[str, n
         tokenizers[name] = (checkpoint / "tokenizer.json").read_bytes()
         chunks, labels[name] = _held_out_chunks(params, AutoTokenizer.from_pretrained(str(checkpoint)))
         # as the engine runs it
-        model = EarlyExitLM.for_inference(checkpoint, dtype=getattr(torch, params.helios.dtype))
+        model = EarlyExitLM.for_inference(checkpoint, dtype=getattr(torch, local_dtype(params.helios.dtype)))
         model.pack_vocab()
         heads: dict[str, dict[int, Any]] = {}
         for kind in section.head_kinds:

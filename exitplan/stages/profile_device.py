@@ -9,6 +9,8 @@ from typing import Any
 from exitplan.artifacts import DEVICE_FILE, engine_device_path
 from exitplan.atomic import write_json, write_parquet
 from exitplan.config import Params
+from exitplan.cpu_features import local_dtype
+from exitplan.kinds import DTYPE_BYTES
 from exitplan.profiling.device_file import DeviceProfile, ReplicaKnobs, read_device, write_device
 from exitplan.tracking import log_stage_run
 
@@ -19,7 +21,7 @@ def catalog_model(params: Params, name: str) -> Any:
     """The catalog entry of ``name`` with the element size the engine serves it in (``helios.dtype``)."""
     from exitplan.catalog import load_catalog
 
-    size = {"float32": 4, "bfloat16": 2, "float16": 2}[params.helios.dtype]
+    size = DTYPE_BYTES[local_dtype(params.helios.dtype)]
     return load_catalog(params.path(params.catalog)).model(name).model_copy(update={"dtype_bytes": size})
 
 
@@ -36,7 +38,8 @@ def main(params: Params) -> dict[str, Any]:
     started = time.perf_counter()
     rows = []
     for name in section.models:
-        model = EarlyExitLM.for_inference(params.checkpoint_path(name), dtype=getattr(torch, params.helios.dtype))
+        dtype = getattr(torch, local_dtype(params.helios.dtype))  # float32 on a CPU without bfloat16 kernels
+        model = EarlyExitLM.for_inference(params.checkpoint_path(name), dtype=dtype)
         depths = sorted({model.num_layers, *([max(1, round(model.num_layers * section.partial_depth))]
                                              if section.partial_depth else [])})
         for row in measure(model, section.batch_sizes, section.contexts, section.prefill_lengths, section.repeats,

@@ -67,20 +67,22 @@ def main(params: Params) -> dict[str, Any]:
     import psutil
 
     from exitplan.catalog import load_catalog
+    from exitplan.kinds import DTYPE_BYTES
     from exitplan.profiling.device_file import ReplicaKnobs
     from exitplan.stages.profile_device import fit_and_write
-    from exitplan.vllm.replica import cpu_engine
+    from exitplan.vllm.replica import cpu_engine, replica_dtype
 
     section = params.profile_vllm
     began = time.perf_counter()
     rows = [row for wave in _waves(params, list(section.models)) for row in _rows_of(params, wave)]
-    size = 4 if params.vllm.dtype == "float32" else 2
+    dtype = replica_dtype(params)  # float32 on a CPU without bfloat16 kernels
+    size = DTYPE_BYTES[dtype]
     catalog = load_catalog(params.path(params.catalog))
     models = {name: catalog.model(name).model_copy(update={"dtype_bytes": size}) for name in section.models}
     memory = section.memory_gib or psutil.virtual_memory().total / 2**30
     knobs = cpu_engine(params)  # what the replicas ran with
     engine = ReplicaKnobs(max_num_seqs=knobs.max_num_seqs, block_size=knobs.block_size,
-                          max_model_len=params.vllm.max_model_len, dtype=params.vllm.dtype,
+                          max_model_len=params.vllm.max_model_len, dtype=dtype,  # type: ignore[arg-type]
                           kv_cache_gib=float(params.vllm.kv_cache_gib))
     metrics = fit_and_write(rows, models, section.device_id, memory, section.price_per_hour,
                             params.path(section.output_dir), engine)

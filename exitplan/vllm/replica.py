@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exitplan.config import EngineParams, Params
+from exitplan.cpu_features import local_dtype
+from exitplan.kinds import DTYPE_BYTES
 from exitplan.vllm.environment import API_SERVER, ensure, process_env, python
 from exitplan.vllm.flags import Platform, Replica, block_size, serve_flags
 
@@ -25,9 +27,16 @@ def cpu_engine(params: Params) -> EngineParams:
                                      "block_size": block_size(Platform.CPU, engine.block_size)})
 
 
+def replica_dtype(params: Params) -> str:
+    """The precision CPU replicas here run in: ``vllm.dtype``, or float32 on a CPU without bfloat16 kernels
+    (:func:`exitplan.cpu_features.local_dtype`). Rendered GPU bundles keep ``vllm.dtype``."""
+    return local_dtype(params.vllm.dtype)
+
+
 def cpu_replica(params: Params, name: str, host: str, port: int) -> Replica:
-    """A CPU replica here serving ``name`` on ``host:port``, in the ``vllm`` section's dtype and max model length."""
-    return Replica(name, host, port, dtype=params.vllm.dtype, max_model_len=params.vllm.max_model_len)
+    """A CPU replica here serving ``name`` on ``host:port``, in :func:`replica_dtype` and the ``vllm`` section's max
+    model length."""
+    return Replica(name, host, port, dtype=replica_dtype(params), max_model_len=params.vllm.max_model_len)
 
 
 def command(params: Params, checkpoint: Path, replica: Replica) -> list[str]:
@@ -41,7 +50,7 @@ def replica_gib(params: Params, checkpoint: Path) -> float:
     from exitplan.checkpoints import checkpoint_bytes
 
     stored = checkpoint_bytes(checkpoint)
-    dtype_bytes = 4 if params.vllm.dtype == "float32" else 2
+    dtype_bytes = DTYPE_BYTES[replica_dtype(params)]
     weights = stored * dtype_bytes / _stored_bytes_per_param(checkpoint)
     return weights / GIB + params.vllm.kv_cache_gib + params.vllm.memory_overhead_gib
 

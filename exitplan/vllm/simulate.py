@@ -9,6 +9,7 @@ from exitplan.artifacts import vllm_device_path
 from exitplan.catalog import Catalog, Gpu, Model
 from exitplan.config import EngineParams, Params
 from exitplan.errors import ExitplanError
+from exitplan.kinds import DTYPE_BYTES
 from exitplan.profiling.device_file import DeviceProfile, ReplicaKnobs, read_device
 from exitplan.simulator.cost_model import ReplicaSpec
 from exitplan.simulator.replica import ReplicaSimulator
@@ -51,10 +52,10 @@ def holding(device: DeviceProfile, models: list[Model]) -> Gpu:
     return device.gpu.model_copy(update={"memory_gib": (weights + _knobs(device).kv_cache_gib * GIB) / GIB})
 
 
-def replica_simulator(device: DeviceProfile, model: Model, dtype_bytes: int = 2) -> ReplicaSimulator:
+def replica_simulator(device: DeviceProfile, model: Model) -> ReplicaSimulator:
     """The simulator of one vLLM CPU replica of ``model``: the fitted device holding exactly the model's weights and
-    the replica's KV cache, with :func:`vllm_engine`'s knobs."""
-    model = model.model_copy(update={"dtype_bytes": dtype_bytes})
+    the replica's KV cache, in the precision it was profiled in, with :func:`vllm_engine`'s knobs."""
+    model = model.model_copy(update={"dtype_bytes": DTYPE_BYTES[_knobs(device).dtype]})
     return ReplicaSimulator(ReplicaSpec(model, holding(device, [model])), vllm_engine(device))
 
 
@@ -67,6 +68,7 @@ def planning_catalog(params: Params) -> Catalog:
     if not params.build_perf_db.vllm_device:
         return catalog
     device = read_vllm_device(vllm_device_path(params))
-    models = [catalog.llm(m).model_copy(update={"dtype_bytes": 2}) for m in params.profile_vllm.models]
+    models = [catalog.llm(m).model_copy(update={"dtype_bytes": DTYPE_BYTES[_knobs(device).dtype]})
+              for m in params.profile_vllm.models]
     gpus = [g for g in catalog.gpus if g.id != device.gpu.id] + [holding(device, models)]
     return Catalog.model_validate({**catalog.model_dump(), "gpus": [g.model_dump() for g in gpus]})

@@ -9,6 +9,7 @@ import httpx
 import pytest
 import torch
 
+from exitplan.cpu_features import local_dtype
 from exitplan.earlyexit.kv_pool import KVPool
 from exitplan.earlyexit.partial_model import EarlyExitLM
 from exitplan.earlyexit.runner import PagedRunner, Work, kv_shape
@@ -17,6 +18,9 @@ from tests.conftest import LARGE_VLLM, SMALL_VLLM
 pytestmark = pytest.mark.vllm
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Write a haiku about the sea."]
+
+REPLICA_DTYPE = local_dtype("bfloat16")
+"""What the fixture's replicas run in here (``vllm.dtype`` is bfloat16)."""
 
 
 def kv_blocks(url: str) -> int:
@@ -40,7 +44,7 @@ def test_the_rendered_cpu_command_serves(vllm_replicas) -> None:
         _, tokens = greedy(url, name, "Hello", 4)
         assert len(tokens) == 4
     args = vllm_replicas["processes"][vllm_replicas["small"]].args
-    assert args[args.index("--block-size") + 1] == "32" and args[args.index("--dtype") + 1] == "bfloat16"
+    assert args[args.index("--block-size") + 1] == "32" and args[args.index("--dtype") + 1] == REPLICA_DTYPE
 
 
 def test_a_partial_replica_holds_twice_the_kv_blocks_in_the_same_memory(vllm_replicas) -> None:
@@ -49,10 +53,11 @@ def test_a_partial_replica_holds_twice_the_kv_blocks_in_the_same_memory(vllm_rep
 
 
 def test_partial_greedy_tokens_are_our_identity_exit(vllm_replicas, smollm2_checkpoint) -> None:
-    """Our paged runner at exit 15 with no head (the identity exit), in bfloat16 like vLLM, teacher-forced on
-    vLLM's greedy tokens: vLLM's token is our argmax, or within bfloat16's rounding of it on a near-tie."""
+    """Our paged runner at exit 15 with no head (the identity exit), in vLLM's precision (bfloat16, or float32 on
+    a CPU without bfloat16 kernels), teacher-forced on vLLM's greedy tokens: vLLM's token is our argmax, or within
+    rounding of it on a near-tie."""
     layers, count = 15, 24
-    model = EarlyExitLM.from_pretrained(smollm2_checkpoint, layers, dtype=torch.bfloat16)
+    model = EarlyExitLM.from_pretrained(smollm2_checkpoint, layers, dtype=getattr(torch, REPLICA_DTYPE))
     agree, total, worst = 0, 0, 0.0
     for prompt in PROMPTS:
         ids, theirs = greedy(vllm_replicas["small"], SMALL_VLLM, prompt, count)

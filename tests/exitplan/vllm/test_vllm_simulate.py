@@ -13,10 +13,10 @@ from exitplan.vllm.simulate import GIB, read_vllm_device, replica_simulator
 QWEN = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
 
 
-def write_device(path, kv_cache_gib=2):
+def write_device(path, kv_cache_gib=2, dtype="bfloat16"):
     gpu = device_entry("vllm-cpu", 5e11, 2e10, 23.0, 0.1, "test")
     entry = {"gpu": gpu.model_dump(), "step_overhead_s": 0.01, "seq_overhead_s": 0.002,
-             "engine": {"max_num_seqs": 16, "block_size": 32, "max_model_len": 4096, "dtype": "bfloat16",
+             "engine": {"max_num_seqs": 16, "block_size": 32, "max_model_len": 4096, "dtype": dtype,
                         "kv_cache_gib": kv_cache_gib}}
     path.write_text(yaml.safe_dump(entry))
     return path
@@ -31,6 +31,9 @@ def test_a_replica_holds_the_profiled_kv_cache_and_overheads(tmp_path, catalog) 
     assert sim.engine.step_overhead_s == 0.01 and sim.engine.max_num_seqs == 16 and sim.engine.block_size == 32
     result = sim.run(generate_requests(20, 0.5, 100, 16))
     assert (result.finish_s > result.first_token_s).all()
+    wide = replica_simulator(read_vllm_device(write_device(tmp_path / "fp32.yaml", dtype="float32")),
+                             catalog.model(QWEN))  # replicas profiled in float32 (a CPU without bfloat16 kernels)
+    assert wide.spec.model.dtype_bytes == 4 and wide.spec.weight_bytes_per_gpu == 2 * sim.spec.weight_bytes_per_gpu
 
 
 def test_a_missing_or_malformed_profile_names_the_stage(tmp_path) -> None:
