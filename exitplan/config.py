@@ -972,8 +972,9 @@ class VllmParams(StrictModel):
     """Preload tcmalloc (where installed) and the environment's libiomp5 into the replicas (``LD_PRELOAD``): batch-8
     throughput rose from 62-65 to 84 tok/s here."""
 
-    startup_timeout_s: float = Field(default=600.0, gt=0, le=7200)
-    """How long to wait for a replica's ``/health`` (the CPU backend compiles its model at every start: 1-3 min)."""
+    startup_timeout_s: float = Field(default=1800.0, gt=0, le=7200)
+    """How long to wait for a replica's ``/health`` (the CPU backend compiles its model at every start: 1-3 min on
+    an AVX512 CPU; on an AVX2-only one the 0.5B took 10 min in bfloat16, beside another replica starting)."""
 
     memory_overhead_gib: float = Field(default=2.5, ge=0, le=1024)
     """RAM a CPU replica holds beyond its bfloat16 weights and KV cache (engine, compiled graphs, tokenizer), used
