@@ -33,6 +33,8 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from functools import cache
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -61,14 +63,19 @@ def evals_to(plans, target: float, ref) -> int | None:
     return None
 
 
+@cache
+def perf_db(path: Path) -> pd.DataFrame:
+    """The perf DB, read once per run (every problem of the sweep is built on it)."""
+    return pd.read_parquet(path)
+
+
 def scenario_problem(params: Params, scenario: PlanScenario, quality: Callable, load: float,
                      budget: float) -> PlanProblem:
     """The scenario's problem at another load and budget (same GPUs, perf DB and Q(f))."""
     catalog = load_catalog(params.path(params.catalog))
     prices = {g: catalog.gpu(g).price_per_hour for g in scenario.gpus}
     section = params.plan
-    db = pd.read_parquet(perf_db_path(params))
-    return problem_from(db, prices, scenario.gpus, scenario.models, quality, load, budget,
+    return problem_from(perf_db(perf_db_path(params)), prices, scenario.gpus, scenario.models, quality, load, budget,
                         section.metric, section.budget_points, scenario.max_p95_s, section.load_shares)
 
 

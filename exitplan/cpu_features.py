@@ -10,6 +10,12 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from exitplan.kinds import Dtype
+
+if TYPE_CHECKING:
+    import torch
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16", "avx_ne_convert")
 """Flags of which any one gives oneDNN bfloat16 kernels."""
@@ -35,9 +41,16 @@ def bf16_kernels(flags: frozenset[str] | None = None) -> bool:
     return any(f in flags for f in BF16_FLAGS) or flags >= AVX512_CORE
 
 
-def local_dtype(requested: str, flags: frozenset[str] | None = None) -> str:
+def local_dtype(requested: Dtype, flags: frozenset[str] | None = None) -> Dtype:
     """The precision to run ``requested`` in on this CPU: itself, except a half precision without bfloat16 kernels,
     which runs in float32 (same results up to rounding, twice the bytes, several times faster than emulated)."""
     if requested in ("bfloat16", "float16") and not bf16_kernels(flags):
         return "float32"
     return requested
+
+
+def torch_dtype(requested: Dtype) -> torch.dtype:
+    """The torch dtype a model stage or the engine loads a model in here: :func:`local_dtype` of ``requested``."""
+    import torch
+
+    return getattr(torch, local_dtype(requested))

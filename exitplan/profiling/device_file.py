@@ -7,7 +7,6 @@ knobs its replicas ran with); the perf DB, the planning catalog and the benchmar
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 import yaml
 from pydantic import Field
@@ -15,6 +14,7 @@ from pydantic import Field
 from exitplan.atomic import write_atomic
 from exitplan.catalog import Gpu
 from exitplan.errors import ConfigError, ExitplanError
+from exitplan.kinds import Dtype
 from exitplan.yaml_model import StrictModel, load_yaml_model
 
 
@@ -30,7 +30,7 @@ class ReplicaKnobs(StrictModel):
     max_model_len: int = Field(ge=1)
     """Max model length (tokens)."""
 
-    dtype: Literal["bfloat16", "float16", "float32"]
+    dtype: Dtype
     """Weights and activations."""
 
     kv_cache_gib: float = Field(gt=0)

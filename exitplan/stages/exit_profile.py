@@ -11,7 +11,7 @@ import numpy as np
 from exitplan.artifacts import exit_profile_path, queries_path
 from exitplan.atomic import write_atomic, write_json, write_parquet
 from exitplan.config import Params
-from exitplan.cpu_features import local_dtype
+from exitplan.cpu_features import torch_dtype
 from exitplan.tracking import log_stage_run
 
 STAGE = "exit_profile"
@@ -86,7 +86,6 @@ def plot_agreement(curves: list[dict[str, Any]], threshold: float, path: Path) -
 
 def trace_models(params: Params) -> tuple[dict[str, dict[str, Any]], dict[str, np.ndarray], dict[str, bytes]]:
     """Per model: the held-out record of every head kind (one forward pass), each token's data set, its tokenizer."""
-    import torch
     from transformers import AutoTokenizer
 
     from exitplan.earlyexit.checkpoint import read_heads
@@ -100,7 +99,7 @@ def trace_models(params: Params) -> tuple[dict[str, dict[str, Any]], dict[str, n
         tokenizers[name] = (checkpoint / "tokenizer.json").read_bytes()
         chunks, labels[name] = _held_out_chunks(params, AutoTokenizer.from_pretrained(str(checkpoint)))
         # as the engine runs it
-        model = EarlyExitLM.for_inference(checkpoint, dtype=getattr(torch, local_dtype(params.helios.dtype)))
+        model = EarlyExitLM.for_inference(checkpoint, dtype=torch_dtype(params.helios.dtype))
         model.pack_vocab()
         heads: dict[str, dict[int, Any]] = {}
         for kind in section.head_kinds:

@@ -8,7 +8,7 @@ from typing import Any
 from exitplan.artifacts import labels_path, queries_path
 from exitplan.atomic import write_json, write_parquet
 from exitplan.config import Params
-from exitplan.cpu_features import local_dtype
+from exitplan.cpu_features import torch_dtype
 from exitplan.tracking import log_stage_run
 
 STAGE = "label_quality"
@@ -29,7 +29,6 @@ def sample_queries(params: Params) -> Any:
 
 def label_model(params: Params, name: str, queries: Any) -> Any:
     """Reference scores of every query, and exact match of generated answers on the first GSM8K ones."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from exitplan.routing.labels import exact_match, generate, reference_scores
@@ -37,8 +36,7 @@ def label_model(params: Params, name: str, queries: Any) -> Any:
     section = params.label_quality
     checkpoint = params.fetched(name)
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
-    dtype = getattr(torch, local_dtype(section.dtype))  # float32 on a CPU without bfloat16 kernels
-    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch_dtype(section.dtype)).eval()
     frame = queries[["dataset", "query_id"]].copy()
     frame["model"] = name
     frame["reference_score"] = reference_scores(model, tokenizer, queries["prompt"].tolist(),

@@ -9,7 +9,7 @@ from typing import Any
 from exitplan.artifacts import DEVICE_FILE, engine_device_path
 from exitplan.atomic import write_json, write_parquet
 from exitplan.config import Params
-from exitplan.cpu_features import local_dtype
+from exitplan.cpu_features import local_dtype, torch_dtype
 from exitplan.kinds import DTYPE_BYTES
 from exitplan.profiling.device_file import DeviceProfile, ReplicaKnobs, read_device, write_device
 from exitplan.tracking import log_stage_run
@@ -29,7 +29,6 @@ def main(params: Params) -> dict[str, Any]:
     """Time every model of ``profile_device.models`` as the engine serves it (``helios.dtype``, packed where that
     gains); fit the device; write the points, the entry and metrics."""
     import psutil
-    import torch
 
     from exitplan.earlyexit.partial_model import EarlyExitLM
     from exitplan.profiling.device import measure
@@ -38,8 +37,7 @@ def main(params: Params) -> dict[str, Any]:
     started = time.perf_counter()
     rows = []
     for name in section.models:
-        dtype = getattr(torch, local_dtype(params.helios.dtype))  # float32 on a CPU without bfloat16 kernels
-        model = EarlyExitLM.for_inference(params.checkpoint_path(name), dtype=dtype)
+        model = EarlyExitLM.for_inference(params.checkpoint_path(name), dtype=torch_dtype(params.helios.dtype))
         depths = sorted({model.num_layers, *([max(1, round(model.num_layers * section.partial_depth))]
                                              if section.partial_depth else [])})
         for row in measure(model, section.batch_sizes, section.contexts, section.prefill_lengths, section.repeats,

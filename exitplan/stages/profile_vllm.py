@@ -82,7 +82,7 @@ def main(params: Params) -> dict[str, Any]:
     memory = section.memory_gib or psutil.virtual_memory().total / 2**30
     knobs = cpu_engine(params)  # what the replicas ran with
     engine = ReplicaKnobs(max_num_seqs=knobs.max_num_seqs, block_size=knobs.block_size,
-                          max_model_len=params.vllm.max_model_len, dtype=dtype,  # type: ignore[arg-type]
+                          max_model_len=params.vllm.max_model_len, dtype=dtype,
                           kv_cache_gib=float(params.vllm.kv_cache_gib))
     metrics = fit_and_write(rows, models, section.device_id, memory, section.price_per_hour,
                             params.path(section.output_dir), engine)

@@ -11,7 +11,7 @@ import numpy as np
 from exitplan.artifacts import queries_path
 from exitplan.atomic import write_atomic, write_json
 from exitplan.config import Params
-from exitplan.cpu_features import local_dtype
+from exitplan.cpu_features import torch_dtype
 from exitplan.errors import ConfigError
 from exitplan.kinds import HeadKind
 from exitplan.tracking import log_stage_run
@@ -76,7 +76,7 @@ def main(params: Params, model_name: str) -> dict[str, Any]:
                                     section.datasets, section.seed)
     train = tokenize_chunks(tokenizer, train_q["text"].tolist(), section.chunk_tokens, section.train_chunks)
     held_out = tokenize_chunks(tokenizer, eval_q["text"].tolist(), section.chunk_tokens, section.eval_chunks)
-    dtype = getattr(torch, local_dtype(section.dtype))  # float32 on a CPU without bfloat16 kernels
+    dtype = torch_dtype(section.dtype)  # float32 on a CPU without bfloat16 kernels
     served = EarlyExitLM.for_inference(checkpoint, dtype=dtype)  # the backbone's pass, as the engine runs it
     served.pack_vocab()
     exits = section.exit_layers(served.num_layers)

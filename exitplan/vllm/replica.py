@@ -11,7 +11,7 @@ from pathlib import Path
 
 from exitplan.config import EngineParams, Params
 from exitplan.cpu_features import local_dtype
-from exitplan.kinds import DTYPE_BYTES
+from exitplan.kinds import DTYPE_BYTES, Dtype
 from exitplan.vllm.environment import API_SERVER, ensure, process_env, python
 from exitplan.vllm.flags import Platform, Replica, block_size, serve_flags
 
@@ -27,7 +27,7 @@ def cpu_engine(params: Params) -> EngineParams:
                                      "block_size": block_size(Platform.CPU, engine.block_size)})
 
 
-def replica_dtype(params: Params) -> str:
+def replica_dtype(params: Params) -> Dtype:
     """The precision CPU replicas here run in: ``vllm.dtype``, or float32 on a CPU without bfloat16 kernels
     (:func:`exitplan.cpu_features.local_dtype`). Rendered GPU bundles keep ``vllm.dtype``."""
     return local_dtype(params.vllm.dtype)
