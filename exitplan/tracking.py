@@ -108,9 +108,18 @@ def _numeric(metrics: Mapping[str, Any]) -> dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def _run_metrics(metrics: Mapping[str, Any], wall_s: Mapping[str, float] | None) -> dict[str, float]:
+    """A run's MLflow metrics: the numeric ``metrics`` and the wall times as ``wall.<name>``."""
+    return {**_numeric(metrics), **_numeric({"wall": dict(wall_s or {})})}
+
+
 def log_stage_run(stage: str, settings: TrackingParams, root: Path, params: Mapping[str, Any],
-                  metrics: Mapping[str, Any], artifacts: Iterable[Path] = ()) -> str | None:
-    """Record one stage run: its params, numeric metrics (nested keys flattened) and small artifacts.
+                  metrics: Mapping[str, Any], artifacts: Iterable[Path] = (),
+                  wall_s: Mapping[str, float] | None = None) -> str | None:
+    """Record one stage run: its params, numeric metrics (nested keys flattened), wall times and small artifacts.
+
+    Wall times are recorded here only, never in a stage's files: a DVC output or metrics file holds what the
+    inputs determine, so a fresh run of the same code on the same inputs leaves ``dvc.lock`` as it was.
 
     Args:
         stage: Stage name, used as the run name and the ``stage`` tag.
@@ -119,6 +128,7 @@ def log_stage_run(stage: str, settings: TrackingParams, root: Path, params: Mapp
         params: The stage's params section (nested mappings are flattened).
         metrics: Metrics; non-numeric leaves are skipped.
         artifacts: Small files to attach.
+        wall_s: Seconds taken, by name (``seconds``, ``fetch_s``, ...); logged as metrics ``wall.<name>``.
 
     Returns:
         The MLflow run id, or None when tracking is disabled.
@@ -130,7 +140,7 @@ def log_stage_run(stage: str, settings: TrackingParams, root: Path, params: Mapp
     use_experiment(settings, root)
     with mlflow.start_run(run_name=stage, tags={"stage": stage}) as run:
         mlflow.log_params({k: str(v)[:MAX_PARAM_CHARS] for k, v in flatten(params).items()})
-        mlflow.log_metrics(_numeric(metrics))
+        mlflow.log_metrics(_run_metrics(metrics, wall_s))
         for path in artifacts:
             mlflow.log_artifact(str(path))
         return run.info.run_id
@@ -138,12 +148,14 @@ def log_stage_run(stage: str, settings: TrackingParams, root: Path, params: Mapp
 
 def register_plan(settings: TrackingParams, root: Path, stage: str, plan_path: Path, model_name: str,
                   params: Mapping[str, Any], metrics: Mapping[str, Any], artifacts: Iterable[Path] = (),
-                  alias: str = "challenger", router_path: Path | None = None) -> str | None:
+                  alias: str = "challenger", router_path: Path | None = None,
+                  wall_s: Mapping[str, float] | None = None) -> str | None:
     """Record a plan run and register the plan as a version of ``model_name`` with ``alias`` (never a stage).
 
     The registered model is a pyfunc whose ``predict`` routes queries: given a frame with a ``score`` column (the
     router's score), it returns the model each query goes to, by the plan's thresholds. The routing model that
-    scores queries (``router_path``), when given, travels with it as an artifact.
+    scores queries (``router_path``), when given, travels with it as an artifact; wall times (``wall_s``) are
+    logged as :func:`log_stage_run` logs them.
 
     Returns:
         The model version, or None when tracking is disabled.
@@ -172,7 +184,7 @@ def register_plan(settings: TrackingParams, root: Path, stage: str, plan_path: P
     use_experiment(settings, root)
     with mlflow.start_run(run_name=stage, tags={"stage": stage}):
         mlflow.log_params({k: str(v)[:MAX_PARAM_CHARS] for k, v in flatten(params).items()})
-        mlflow.log_metrics(_numeric(metrics))
+        mlflow.log_metrics(_run_metrics(metrics, wall_s))
         for path in artifacts:
             mlflow.log_artifact(str(path))
         files = {"plan": str(plan_path), **({"router": str(router_path)} if router_path else {})}

@@ -164,13 +164,14 @@ def main(params: Params) -> dict[str, Any]:
     middle = section.thresholds[len(section.thresholds) // 2]
     plots = [plot_distribution(tables["observations"], middle, reports / "first_exit.png"),
              plot_agreement(tables["curves"], middle, reports / "agreement.png")]
-    summary = {"head_kinds": section.head_kinds, "early_depth": section.early_depth, **tables,
-               "seconds": time.perf_counter() - started}
+    summary = {"head_kinds": section.head_kinds, "early_depth": section.early_depth, **tables}
     report = write_json(reports / "metrics.json", summary)
     flat = {f"{r['model']}:{r['kind']}:{r['threshold']}:{r['dataset']}.{k}": v for r in tables["observations"]
             for k, v in r.items() if k in ("earliest_share", "early_share", "low_conf_agreement", "exited_agreement")}
     flat.update({f"complementarity:{r['kind']}:{r['threshold']}:{r['dataset']}.{k}": r[k]
                  for r in tables["complementarity"] for k in ("small_alone", "large_alone", "together")})
     flat.update({f"depth85:{r['model']}:{r['kind']}:{r['dataset']}": r["depth85"] for r in tables["depth85"]})
-    log_stage_run(STAGE, params.tracking, params.root, section.model_dump(), flat, [report, *plots])
-    return summary
+    seconds = time.perf_counter() - started
+    log_stage_run(STAGE, params.tracking, params.root, section.model_dump(), flat, [report, *plots],
+                  wall_s={"seconds": seconds})
+    return {**summary, "seconds": seconds}

@@ -151,8 +151,8 @@ def run(params: Params) -> tuple[GateReport, dict[str, float]]:
     return report, seconds
 
 
-def metrics(report: GateReport, seconds: dict[str, float]) -> dict[str, Any]:
-    """Numbers for ``dvc metrics show`` and MLflow (``seconds``: each model's serving time)."""
+def metrics(report: GateReport) -> dict[str, Any]:
+    """Numbers for ``dvc metrics show`` and MLflow."""
     out: dict[str, Any] = {"passed": int(report.passed), "failed_expectations": len(report.failures)}
     for name, other in report.other_scenarios.items():
         if other is not None:
@@ -161,17 +161,17 @@ def metrics(report: GateReport, seconds: dict[str, float]) -> dict[str, Any]:
         for key in ("exit_layer", "ppl_helios", "ppl_full", "ppl_increase_rel", "rouge2_vs_full", "em_helios",
                     "em_full", "breach_rate"):
             out[f"{row['model']}.{key}"] = row[key]
-    out.update({f"{model}.serve_seconds": float(s) for model, s in seconds.items()})
     return out
 
 
 def main(params: Params) -> GateReport:
     """Run the stage and record it."""
     report, seconds = run(params)
-    figures = metrics(report, seconds)
+    figures = metrics(report)
     out = params.path(params.gates.output_dir)
     write_json(out / "metrics.json", figures)
-    log_stage_run("gate", params.tracking, params.root, params.gates.model_dump(), figures, [gate_path(params)])
+    log_stage_run("gate", params.tracking, params.root, params.gates.model_dump(), figures, [gate_path(params)],
+                  wall_s={f"{model}.serve_seconds": float(s) for model, s in seconds.items()})
     return report
 
 

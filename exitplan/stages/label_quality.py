@@ -70,7 +70,9 @@ def main(params: Params) -> dict[str, Any]:
     write_parquet(labels_path(params), labels)
     summary = labels.groupby(["model", "metric"])["quality"].mean()
     metrics = {f"{m}.{metric}": float(v) for (m, metric), v in summary.items()}
-    metrics.update({"queries": len(queries), "seconds": time.perf_counter() - started})
+    metrics["queries"] = len(queries)
     report = write_json(params.path("reports") / STAGE / "metrics.json", metrics)
-    log_stage_run(STAGE, params.tracking, params.root, section.model_dump(), metrics, [report])
-    return metrics
+    seconds = time.perf_counter() - started
+    log_stage_run(STAGE, params.tracking, params.root, section.model_dump(), metrics, [report],
+                  wall_s={"seconds": seconds})
+    return {**metrics, "seconds": seconds}

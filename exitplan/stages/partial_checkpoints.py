@@ -53,9 +53,9 @@ def main(params: Params) -> dict[str, Any]:
         folder = truncate(params.checkpoint_path(model), partial_path(params, model, layers), layers,
                           params.vllm.dtype)
         written[partial_name(model, layers)] = checkpoint_bytes(folder)
-    metrics = {"cuts": len(written), "bytes": written, "not_fetched": absent,
-               "seconds": time.perf_counter() - began}
+    metrics: dict[str, Any] = {"cuts": len(written), "bytes": written, "not_fetched": absent}
     report = write_json(params.path("reports") / STAGE / "metrics.json", metrics)
-    log_stage_run(STAGE, params.tracking, params.root, section.model_dump(),
-                  {"cuts": len(written), "seconds": metrics["seconds"]}, [report])
-    return metrics
+    seconds = time.perf_counter() - began
+    log_stage_run(STAGE, params.tracking, params.root, section.model_dump(), {"cuts": len(written)}, [report],
+                  wall_s={"seconds": seconds})
+    return {**metrics, "seconds": seconds}

@@ -215,11 +215,11 @@ def main(params: Params) -> dict[str, Any]:
     first = results[0]
     metrics = {f"{r['name']}.{k}": getattr(r["plan"], k) for r in results
                for k in ("predicted_p95_s", "predicted_quality", "cost_per_hour")}
-    metrics.update({f"{r['name']}.{k}": v for r in results for k, v in r["times"].items()})
     report = write_json(params.path("reports") / STAGE / "metrics.json", {**metrics, "skipped": skipped})
+    wall = {f"{r['name']}.{k}": v for r in results for k, v in r["times"].items()}
     versions = {r["name"]: register_plan(params.tracking, params.root, STAGE, r["plan_path"],
                                          params.plan.registered_name(r["name"]), params.plan.model_dump(), metrics,
-                                         [report, r["png"], r["front"]], router_path=r["router"])
+                                         [report, r["png"], r["front"]], router_path=r["router"], wall_s=wall)
                 for r in results}
     return {"plans": {r["name"]: r["plan"] for r in results}, "times": {r["name"]: r["times"] for r in results},
             "skipped": skipped, "version": versions[first["name"]],

@@ -48,11 +48,12 @@ def main(params: Params) -> dict[str, Any]:
     models = {name: catalog_model(params, name) for name in section.models}
     metrics = fit_and_write(rows, models, section.device_id, memory, section.price_per_hour,
                             params.path(section.output_dir))
-    metrics["seconds"] = time.perf_counter() - started
     report = write_json(params.path("reports") / STAGE / "metrics.json", metrics)
+    seconds = time.perf_counter() - started
     log_stage_run(STAGE, params.tracking, params.root, section.model_dump(),
-                  {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, [report])
-    return metrics
+                  {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, [report],
+                  wall_s={"seconds": seconds})
+    return {**metrics, "seconds": seconds}
 
 
 def fit_and_write(rows: list[dict[str, Any]], models: dict[str, Any], device_id: str, memory_gib: float,

@@ -90,8 +90,9 @@ def main(params: Params) -> dict[str, Any]:
     shortest = min(r["context"] for r in decode)
     metrics.update({f"decode_tok_s_b{r['batch']}_{r['model'].split('/')[-1]}": r["batch"] / r["seconds"]
                     for r in decode if r["context"] == shortest})
-    metrics["seconds"] = time.perf_counter() - began
     report = write_json(params.path("reports") / STAGE / "metrics.json", metrics)
+    seconds = time.perf_counter() - began
     log_stage_run(STAGE, params.tracking, params.root, section.model_dump(),
-                  {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, [report])
-    return metrics
+                  {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, [report],
+                  wall_s={"seconds": seconds})
+    return {**metrics, "seconds": seconds}

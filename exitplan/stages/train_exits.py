@@ -111,14 +111,15 @@ def main(params: Params, model_name: str) -> dict[str, Any]:
                       eval_tokens=int(held_out.numel()),
                       depth85={k: depth_at(rows, k, 0.85, model.num_layers) for k in kinds}, exits=rows)
     write_index(out_dir, index)  # an output: what the heads are, never how long they took (same inputs, same bytes)
-    summary: dict[str, Any] = {**index.model_dump(), "collect_s": collected_s,
-                               "total_s": time.perf_counter() - started}
+    summary: dict[str, Any] = index.model_dump()
     reports = params.path("reports") / STAGE
     report = write_json(reports / f"{model_name}.json", summary)
     plot = plot_agreement(rows, model_name, reports / f"{model_name}.png")
     flat = {f"{r['kind']}.L{r['exit_layer']}.{k}": v for r in rows for k, v in r.items()
             if isinstance(v, float) and k in ("agreement", "kl", "perplexity")}
+    wall = {"collect_s": collected_s, "total_s": time.perf_counter() - started}
     log_stage_run(f"{STAGE}:{model_name}", params.tracking, params.root, section.model_dump(),
                   {**{k: v for k, v in summary.items() if isinstance(v, (int, float))}, **flat,
-                   **{f"depth85.{k}": v for k, v in summary["depth85"].items()}}, [report, plot])
-    return summary
+                   **{f"depth85.{k}": v for k, v in summary["depth85"].items()}}, [report, plot],
+                  wall_s=wall)
+    return {**summary, **wall}

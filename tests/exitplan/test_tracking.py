@@ -35,3 +35,14 @@ def test_a_local_store_keeps_artifacts_beside_it(tmp_path: Path) -> None:
     run = mlflow.MlflowClient(tracking_uri=settings.tracking_uri).get_run(run_id)
     assert run.info.artifact_uri.startswith((tmp_path / "mlartifacts").as_uri())
     assert not is_server(settings.tracking_uri) and is_server("https://mlflow.example")
+
+
+def test_wall_times_are_logged_apart_from_the_metrics(tmp_path: Path) -> None:
+    """A stage's wall times reach MLflow as ``wall.<name>`` (its DVC metrics file never holds them)."""
+    import mlflow
+
+    settings = TrackingParams(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = log_stage_run("stage", settings, tmp_path, {"a": 1}, {"m": 1.0, "per": {"x": 2}},
+                           wall_s={"seconds": 2.5, "fetch_s": 1.0})
+    run = mlflow.MlflowClient(tracking_uri=settings.tracking_uri).get_run(run_id)
+    assert run.data.metrics == {"m": 1.0, "per.x": 2.0, "wall.seconds": 2.5, "wall.fetch_s": 1.0}

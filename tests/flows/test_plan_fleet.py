@@ -197,6 +197,11 @@ def test_stage_runs_are_tracked_in_mlflow(repo: Path, flow_results) -> None:
                             "profile_device", "profile_vllm", "select_candidates", "label_quality", "plan",
                             "partial_checkpoints", "online_profile", "gate"}
     assert by_name["prepare_workload"].data.metrics["num_queries"] == 80
+    for run, key, report in (("build_perf_db", "build_s", "build_perf_db/metrics.json"),
+                             (f"train_exits:{SMOLLM2}", "total_s", f"train_exits/{SMOLLM2}.json"),
+                             (f"fetch_models:{SMOLLM2}", "fetch_s", f"fetch_models/{SMOLLM2}.json")):
+        assert by_name[run].data.metrics[f"wall.{key}"] > 0  # wall times go to MLflow, never into what DVC hashes
+        assert key not in json.loads((repo / "reports" / report).read_text())
     assert by_name["prepare_workload"].data.params["seed"] == "0"
     version = client.get_model_version_by_alias("exitplan-plan", "challenger")
     assert version.run_id == by_name["plan"].info.run_id
