@@ -29,6 +29,7 @@ from exitplan.artifacts import queries_path
 from exitplan.config import EngineParams
 from exitplan.earlyexit.checkpoint import read_index
 from exitplan.engine.engine import Engine, EngineConfig
+from exitplan.engine.factory import candidates
 from exitplan.engine.request import Request
 from exitplan.engine.served import Candidate
 from exitplan.errors import ExitplanError
@@ -92,7 +93,7 @@ def main() -> None:
     args, params = start(__doc__, {"--qps": {"type": float, "default": 0.6}})
     name = params.helios.candidates[0]
     exits = params.path(params.train_exits.output_dir) / name
-    candidate = Candidate(name, params.checkpoint_path(name), exits, params.helios.head_kind)
+    candidate = candidates(params, [name])[0]  # as the servers serve it (helios.dtype), as profile_device timed it
     try:
         load_device(params)
     except ExitplanError as exc:
