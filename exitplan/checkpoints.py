@@ -158,6 +158,10 @@ def remove_abandoned_scratch(out_dir: Path) -> list[Path]:
     return removed
 
 
+WALL_TIMES = ("fetch_s", "convert_s")
+"""The keys of :func:`fetch_checkpoint`'s metrics that are wall times (kept out of DVC files by the stage)."""
+
+
 def fetch_checkpoint(entry: Model | Embedder, out_dir: Path, dtype: str = "float32") -> dict[str, float]:
     """Build the checkpoint of one catalog entry into ``out_dir`` (replacing it only when complete).
 

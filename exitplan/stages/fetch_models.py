@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from exitplan.atomic import write_json
 from exitplan.catalog import load_catalog
-from exitplan.checkpoints import fetch_checkpoint
+from exitplan.checkpoints import WALL_TIMES, fetch_checkpoint
 from exitplan.config import Params
 from exitplan.errors import ConfigError
 from exitplan.tracking import log_stage_run
 
 STAGE = "fetch_models"
-
-WALL_TIMES = ("fetch_s", "convert_s")
-"""The keys of :func:`exitplan.checkpoints.fetch_checkpoint`'s metrics that are wall times."""
 
 
 def main(params: Params, model: str) -> dict[str, float]:
