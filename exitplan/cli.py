@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, get_args
 
@@ -147,6 +150,77 @@ def simulate(
         print(json.dumps(metrics))
         return
     console.print_json(json.dumps(metrics))
+
+
+@app.command("plan")
+def plan_fleet(
+    fleet: Annotated[Path, typer.Argument(help="The fleet file (docs/your-fleet.md says what it holds).")],
+    budget: Annotated[float | None, typer.Option(help="US$/h cap (overrides the file's).")] = None,
+    qps: Annotated[float | None, typer.Option(help="Requests per second to serve (overrides the file's).")] = None,
+    quality_floor: Annotated[float | None, typer.Option(help="Minimum quality in [0, 1] (overrides).")] = None,
+    max_p95: Annotated[float | None, typer.Option(help="P95 latency cap in seconds (overrides).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder (default data/fleets/<scenario name>).")] = None,
+    params: ParamsOption = Path(DEFAULT_PARAMS),
+) -> None:
+    """Plan a fleet of your own GPUs and models: reuse the perf DB where it covers them, simulate the rest, route
+    and deploy by BOUTE's co-optimisation; print the chosen plan (its P95, quality and cost)."""
+    import dataclasses
+    import warnings
+
+    from exitplan.fleet import load_fleet, plan_fleet, with_overrides
+
+    # GPyTorch's note that it added jitter to a Cholesky factor: a numerical detail of MOBO, not the user's concern.
+    warnings.filterwarnings("ignore", message="A not p.d., added jitter")
+    loaded = _params(params)
+    found = load_fleet(fleet, loaded)
+    found = dataclasses.replace(found, spec=with_overrides(found.spec, budget=budget, qps=qps,
+                                                           quality_floor=quality_floor, max_p95=max_p95))
+    folder = out or Path("data/fleets") / found.spec.scenario.name
+    result = plan_fleet(found, loaded, folder, RichReporter(console))
+    _print_fleet_plan(result, folder)
+
+
+class RichReporter:
+    """:class:`exitplan.fleet.Reporter` on the console: a line per part, a progress bar over the perf-DB sweep."""
+
+    def __init__(self, out: Console) -> None:
+        self.out = out
+        self.started = time.perf_counter()
+
+    def stage(self, line: str) -> None:
+        """A part of the work starts: one line with the seconds since the command started."""
+        elapsed = time.perf_counter() - self.started
+        self.out.print(f"[{elapsed:6.1f} s] {line}", highlight=False)
+
+    @contextmanager
+    def sweep(self, total: int) -> Iterator[Any]:
+        """A rich progress bar over the ``total`` layouts of the sweep."""
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.stage(f"simulating {total} layouts")
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=self.out, transient=not self.out.is_terminal) as bar:
+            task = bar.add_task("perf DB", total=total)
+            yield lambda line: bar.update(task, advance=1, description=line[:60])
+
+
+def _print_fleet_plan(result: dict[str, Any], folder: Path) -> None:
+    """The chosen plan of a fleet: one row per model, then its totals and where its files are."""
+    plan = result["plan"]
+    table = Table(title=f"{plan.scenario}: {plan.load_qps} req/s within ${plan.budget_per_hour}/h")
+    for column in ("model", "share", "GPUs", "P95 (s)", "$/h"):
+        table.add_column(column)
+    for m in plan.models:
+        gpus = ", ".join(f"{g.dp} x {g.gpu} tp{g.tp} pp{g.pp}" for g in m.groups) or "-"
+        table.add_row(m.model, f"{m.fraction:.2f}", gpus, "-" if m.predicted_p95_s is None else
+                      f"{m.predicted_p95_s:.3f}", "-" if m.cost_per_hour is None else f"{m.cost_per_hour:.2f}")
+    console.print(table)
+    console.print(f"P95 {plan.predicted_p95_s:.3f} s, quality {plan.predicted_quality:.3f}, "
+                  f"${plan.cost_per_hour:.2f}/h (found by {plan.found_by}); perf DB: "
+                  f"{len(result['perf_db']['reused'])} pairs reused, {len(result['perf_db']['simulated'])} "
+                  f"simulated", highlight=False)
+    console.print(f"wrote {folder}/: plan.json, front.parquet, front.png, router.json, perf_db.parquet",
+                  highlight=False)
 
 
 @stage_app.command("fetch-models")

@@ -3,27 +3,20 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from exitplan.artifacts import (
     LABELS_FILE,
-    PLAN_FILE,
     QUERIES_FILE,
-    ROUTER_FILE,
     imported_path,
     labels_path,
     perf_db_path,
     plan_dir,
     queries_path,
 )
-from exitplan.atomic import write_atomic, write_json, write_parquet
+from exitplan.atomic import write_json
 from exitplan.config import Params, PlanScenario
-from exitplan.errors import ExitplanError, LabelsNotFound
-from exitplan.planner.plan_file import Baseline, GroupPlan, ModelPlan, Plan, write_plan
-from exitplan.routing.router_file import RoutingModel, dump_router
+from exitplan.errors import LabelsNotFound
 from exitplan.tracking import register_plan
 
 if TYPE_CHECKING:
@@ -38,157 +31,33 @@ def router(params: Params, scenario: PlanScenario) -> TrainedRouter:
     Raises:
         ExitplanError: a labels or queries table is missing (naming the stage to run).
     """
-    from exitplan.planner.build import quality_table, read_tables
-    from exitplan.routing.scores import embed
-    from exitplan.routing.trainer import train_router
+    from exitplan.planner.build import read_tables
+    from exitplan.planner.scenario import train_on_labels
 
-    section = params.plan
     labels = read_tables([(labels_path(params), "label_quality"),
                           (imported_path(params, LABELS_FILE), "import_labels")])
-    wide = quality_table(labels, scenario.models)
     queries = read_tables([(queries_path(params), "prepare_workload"),
                            (imported_path(params, QUERIES_FILE), "import_labels")])
-    prompts = queries.drop_duplicates(["dataset", "query_id"]).set_index(["dataset", "query_id"]).loc[
-        wide.index, "prompt"].tolist()
-    vectors = embed(params.checkpoint_path(section.embedder), prompts)
-    return train_router(vectors, wide.to_numpy(), section.seed, section.routing_train_share, section.fraction_steps)
-
-
-def binding_constraint(truth: list, scenario: PlanScenario) -> str:
-    """Which SLO constraint no plan meets, with the best that is feasible."""
-    from exitplan.planner.problem import best_under
-
-    best_q = max((p.quality for p in truth if np.isfinite(p.latency)), default=float("nan"))
-    if not truth or best_q < scenario.min_quality:
-        return (f"the quality floor binds: Q >= {scenario.min_quality} is out of reach within "
-                f"${scenario.budget_per_hour}/h at {scenario.load_qps} req/s; the best quality that is feasible is "
-                f"{best_q:.3f}")
-    fastest = best_under(truth, min_quality=scenario.min_quality)
-    if fastest is None:
-        return f"no plan within ${scenario.budget_per_hour}/h meets Q >= {scenario.min_quality}"
-    return (f"the latency cap binds: P95 <= {scenario.max_p95_s} s is out of reach with Q >= "
-            f"{scenario.min_quality} within ${scenario.budget_per_hour}/h; the lowest feasible P95 is "
-            f"{fastest.latency:.3f} s (${fastest.cost:.2f}/h)")
-
-
-def describe(problem: Any, plan: Any, window: np.ndarray, db: Any, **extra: Any) -> Plan:
-    """The plan file: per model its fraction, threshold, GPU groups, replica load weights, predicted P95/P99
-    (``db``: the perf DB the P99 curves come from; ``extra``: the scenario's other fields of :class:`Plan`)."""
-    from exitplan.planner.build import deployment_curves
-    from exitplan.routing.fractions import thresholds
-    from exitplan.simulator.curve import best_split
-
-    cuts = thresholds(window, plan.fractions)
-    models = []
-    for m, c, f in zip(problem.models, plan.choice, plan.fractions, strict=True):
-        cand = problem.candidates[m][c]
-        load = f * problem.load
-        entry: dict[str, Any] = {"model": m, "fraction": f, "load_qps": load, "deployed": f >= 1e-3}
-        if f >= 1e-3:
-            weights, p95 = best_split(load, cand.replica_curves(problem.curves[m]))
-            p99_curves = deployment_curves(db, m, [g.gpu for g in cand.groups], "e2e_p99_s")
-            _, p99 = best_split(load, cand.replica_curves(p99_curves))
-            entry.update(cost_per_hour=cand.cost, predicted_p95_s=p95, predicted_p99_s=p99,
-                         replica_weights=list(np.asarray(weights) / load),
-                         groups=[GroupPlan(gpu=g.gpu, tp=g.tp, pp=g.pp, dp=g.dp, gpus=g.gpus, layers=g.layers)
-                                 for g in cand.groups])
-        models.append(ModelPlan(**entry))
-    return Plan(models=models, thresholds=[float(x) for x in cuts], predicted_p95_s=plan.latency,
-                predicted_quality=plan.quality, cost_per_hour=plan.cost, load_qps=problem.load,
-                budget_per_hour=problem.budget, **extra)
-
-
-def plot_front(path: Path, title: str, mobo: list, truth: list, marks: dict[str, Any], chosen: Any) -> Path:
-    """P95 latency vs quality: every MOBO evaluation, the exhaustive front, the baselines and the chosen plan."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from exitplan.planner.problem import pareto
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    finite = [p for p in mobo if np.isfinite(p.latency)]
-    ax.scatter([p.latency for p in finite], [p.quality for p in finite], s=12, alpha=0.4, label="MOBO evaluations")
-    front = pareto(truth)
-    ax.step([p.latency for p in front], [p.quality for p in front], where="post", color="black", linewidth=1,
-            label="exhaustive front")
-    for name, plan in marks.items():
-        if plan is not None:
-            ax.scatter([plan.latency], [plan.quality], marker="x", s=50, label=name)
-    if chosen is not None:
-        ax.scatter([chosen.latency], [chosen.quality], marker="*", s=160, color="red", label="chosen plan")
-    ax.set(xscale="log", xlabel="P95 end-to-end latency (s)", ylabel="quality Q(f)", title=title)
-    ax.legend(fontsize=7)
-    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
-    plt.close(fig)
-    return path
+    return train_on_labels(params.plan, labels, queries, scenario.models,
+                           params.checkpoint_path(params.plan.embedder))
 
 
 def run_scenario(params: Params, scenario: PlanScenario) -> dict[str, Any]:
-    """Optimise one scenario; write its front, plot and plan; returns its summary."""
+    """Optimise one scenario on the pipeline's perf DB and labels; write its front, plot and plan; returns its
+    summary (see :func:`exitplan.planner.scenario.plan_scenario`)."""
     import pandas as pd
 
-    from exitplan.planner.baselines import baselines
-    from exitplan.planner.build import problem_from
-    from exitplan.planner.mobo import optimise
-    from exitplan.planner.problem import best_under, pareto
-    from exitplan.planner.search import exhaustive
+    from exitplan.planner.scenario import plan_scenario
     from exitplan.vllm.simulate import planning_catalog
 
-    section = params.plan
     started = time.perf_counter()
     routing = router(params, scenario)
     db = pd.read_parquet(perf_db_path(params))
     catalog = planning_catalog(params)  # the catalog's GPUs and this machine's vLLM device
-    prices = {g: catalog.gpu(g).price_per_hour for g in scenario.gpus}
-    problem = problem_from(db, prices, scenario.gpus, scenario.models, routing.quality,
-                           scenario.load_qps, scenario.budget_per_hour, section.metric, section.budget_points,
-                           scenario.max_p95_s, section.load_shares)
-    mobo = optimise(problem, section.evaluations, section.initial, section.batch, section.seed, beta=section.beta,
-                    max_latency=scenario.max_p95_s, min_quality=scenario.min_quality or None,
-                    feasibility=section.feasibility)
-    truth = exhaustive(problem, section.fraction_steps)
-    cap = scenario.max_p95_s or float("inf")
-    marks = baselines(problem, scenario.min_quality, cap, section.fraction_steps)
-    # The exhaustive front is exact and takes well under a second here (decomposed per fraction vector), so the
-    # chosen plan is the best of MOBO's evaluations and the grid's: MOBO adds plans between the grid's fractions.
-    from_mobo = best_under(mobo.plans, cap, scenario.min_quality)
-    chosen = best_under([p for p in (from_mobo, best_under(truth, cap, scenario.min_quality)) if p], cap,
-                        scenario.min_quality)
-    if chosen is None:
-        raise ExitplanError(f"plan {scenario.name}: {binding_constraint(truth, scenario)}")
-    out = plan_dir(params, scenario.name)
-    rows = [{"source": "mobo", "order": i, **vars(p)} for i, p in enumerate(mobo.plans)]
-    rows += [{"source": "exhaustive-front", "order": i, **vars(p)} for i, p in enumerate(pareto(truth))]
-    rows += [{"source": name, "order": 0, **vars(p)} for name, p in marks.items() if p is not None]
-    frame = pd.DataFrame(rows)
-    frame["fractions"] = frame["fractions"].map(list)
-    frame["choice"] = frame["choice"].map(list)
-    write_parquet(out / "front.parquet", frame)
-    plan = describe(problem, chosen, routing.window, db, scenario=scenario.name,
-                    slo={"max_p95_s": scenario.max_p95_s, "min_quality": scenario.min_quality},
-                    baselines={k: (None if p is None else Baseline(p95_s=p.latency, quality=p.quality, cost=p.cost))
-                               for k, p in marks.items()},
-                    quality_curve={"f_large": routing.grid[:, -1].tolist(), "router": routing.values.tolist(),
-                                   "oracle": routing.oracle.tolist(), "random": routing.random.tolist()},
-                    evaluations=len(mobo.plans), found_by="mobo" if chosen is from_mobo else "exhaustive",
-                    mobo_p95_s=None if from_mobo is None else from_mobo.latency)
-    write_plan(out / PLAN_FILE, plan)
-    save_router(out / ROUTER_FILE, section.embedder, scenario.models, routing.scorer, routing.window)
-    reports = params.path("reports") / STAGE / scenario.name
-    png = plot_front(reports / "front.png", f"{scenario.name}: {scenario.load_qps} req/s, "
-                     f"${scenario.budget_per_hour}/h", mobo.plans, truth, marks, chosen)
-    return {"name": scenario.name, "plan": plan, "plan_path": out / PLAN_FILE, "png": png,
-            "front": out / "front.parquet", "router": out / ROUTER_FILE,
-            "times": {"mobo_seconds": mobo.seconds, "seconds": time.perf_counter() - started}}
-
-
-def save_router(path: Path, embedder: str, models: list[str], scorer: Any, window: np.ndarray) -> Path:
-    """Persist the routing model the plan's thresholds belong to (JSON, atomically; see
-    :mod:`exitplan.routing.router_file`)."""
-    blob = dump_router(RoutingModel(embedder, list(models), scorer, np.asarray(window, float)))
-    return write_atomic(path, lambda tmp: Path(tmp).write_bytes(blob))
+    result = plan_scenario(params.plan, scenario, db, catalog, routing, plan_dir(params, scenario.name),
+                           params.path("reports") / STAGE / scenario.name)
+    result["times"]["seconds"] = time.perf_counter() - started
+    return result
 
 
 def skip_reason(params: Params, exc: LabelsNotFound) -> str:

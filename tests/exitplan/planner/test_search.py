@@ -70,7 +70,7 @@ def test_baselines_meet_the_floor_and_never_beat_the_full_search(problem) -> Non
 
 def test_an_infeasible_slo_names_the_binding_constraint(problem) -> None:
     from exitplan.config import PlanScenario
-    from exitplan.stages.plan import binding_constraint
+    from exitplan.planner.scenario import binding_constraint
 
     truth = exhaustive(problem, steps=10)
     best_q = max(p.quality for p in truth)

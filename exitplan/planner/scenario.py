@@ -1,0 +1,217 @@
+"""One scenario planned end to end: problem, MOBO, the exact front, the baselines, the chosen plan and its files.
+
+The ``plan`` stage (the pipeline's scenarios) and ``exitplan plan`` (a user's fleet file, :mod:`exitplan.fleet`) both
+call :func:`plan_scenario` once they have a perf DB, a catalog and a trained router; only where those come from
+differs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from exitplan.artifacts import PLAN_FILE, ROUTER_FILE
+from exitplan.atomic import write_atomic, write_parquet
+from exitplan.catalog import Catalog
+from exitplan.config import PlanParams, PlanScenario
+from exitplan.errors import ExitplanError
+from exitplan.planner.plan_file import Baseline, GroupPlan, ModelPlan, Plan, write_plan
+from exitplan.routing.router_file import RoutingModel, dump_router
+from exitplan.routing.trainer import TrainedRouter
+
+FRONT_FILE = "front.parquet"
+"""The MOBO evaluations, the exhaustive front and the baselines of a scenario (one row per plan)."""
+
+PLOT_FILE = "front.png"
+"""P95 vs quality of a scenario's plans."""
+
+
+def binding_constraint(truth: list, scenario: PlanScenario) -> str:
+    """Which SLO constraint no plan meets, with the best that is feasible."""
+    from exitplan.planner.problem import best_under
+
+    best_q = max((p.quality for p in truth if np.isfinite(p.latency)), default=float("nan"))
+    if not truth or best_q < scenario.min_quality:
+        return (f"the quality floor binds: Q >= {scenario.min_quality} is out of reach within "
+                f"${scenario.budget_per_hour}/h at {scenario.load_qps} req/s; the best quality that is feasible is "
+                f"{best_q:.3f}")
+    fastest = best_under(truth, min_quality=scenario.min_quality)
+    if fastest is None:
+        return f"no plan within ${scenario.budget_per_hour}/h meets Q >= {scenario.min_quality}"
+    return (f"the latency cap binds: P95 <= {scenario.max_p95_s} s is out of reach with Q >= "
+            f"{scenario.min_quality} within ${scenario.budget_per_hour}/h; the lowest feasible P95 is "
+            f"{fastest.latency:.3f} s (${fastest.cost:.2f}/h)")
+
+
+def describe(problem: Any, plan: Any, window: np.ndarray, db: Any, **extra: Any) -> Plan:
+    """The plan file: per model its fraction, threshold, GPU groups, replica load weights, predicted P95/P99
+    (``db``: the perf DB the P99 curves come from; ``extra``: the scenario's other fields of :class:`Plan`)."""
+    from exitplan.planner.build import deployment_curves
+    from exitplan.routing.fractions import thresholds
+    from exitplan.simulator.curve import best_split
+
+    cuts = thresholds(window, plan.fractions)
+    models = []
+    for m, c, f in zip(problem.models, plan.choice, plan.fractions, strict=True):
+        cand = problem.candidates[m][c]
+        load = f * problem.load
+        entry: dict[str, Any] = {"model": m, "fraction": f, "load_qps": load, "deployed": f >= 1e-3}
+        if f >= 1e-3:
+            weights, p95 = best_split(load, cand.replica_curves(problem.curves[m]))
+            p99_curves = deployment_curves(db, m, [g.gpu for g in cand.groups], "e2e_p99_s")
+            _, p99 = best_split(load, cand.replica_curves(p99_curves))
+            entry.update(cost_per_hour=cand.cost, predicted_p95_s=p95, predicted_p99_s=p99,
+                         replica_weights=list(np.asarray(weights) / load),
+                         groups=[GroupPlan(gpu=g.gpu, tp=g.tp, pp=g.pp, dp=g.dp, gpus=g.gpus, layers=g.layers)
+                                 for g in cand.groups])
+        models.append(ModelPlan(**entry))
+    return Plan(models=models, thresholds=[float(x) for x in cuts], predicted_p95_s=plan.latency,
+                predicted_quality=plan.quality, cost_per_hour=plan.cost, load_qps=problem.load,
+                budget_per_hour=problem.budget, **extra)
+
+
+def plot_front(path: Path, title: str, mobo: list, truth: list, marks: dict[str, Any], chosen: Any) -> Path:
+    """P95 latency vs quality: every MOBO evaluation, the exhaustive front, the baselines and the chosen plan."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from exitplan.planner.problem import pareto
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    finite = [p for p in mobo if np.isfinite(p.latency)]
+    ax.scatter([p.latency for p in finite], [p.quality for p in finite], s=12, alpha=0.4, label="MOBO evaluations")
+    front = pareto(truth)
+    ax.step([p.latency for p in front], [p.quality for p in front], where="post", color="black", linewidth=1,
+            label="exhaustive front")
+    for name, plan in marks.items():
+        if plan is not None:
+            ax.scatter([plan.latency], [plan.quality], marker="x", s=50, label=name)
+    if chosen is not None:
+        ax.scatter([chosen.latency], [chosen.quality], marker="*", s=160, color="red", label="chosen plan")
+    ax.set(xscale="log", xlabel="P95 end-to-end latency (s)", ylabel="quality Q(f)", title=title)
+    ax.legend(fontsize=7)
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    plt.close(fig)
+    return path
+
+
+def save_router(path: Path, embedder: str, models: list[str], scorer: Any, window: np.ndarray) -> Path:
+    """Persist the routing model the plan's thresholds belong to (JSON, atomically; see
+    :mod:`exitplan.routing.router_file`)."""
+    blob = dump_router(RoutingModel(embedder, list(models), scorer, np.asarray(window, float)))
+    return write_atomic(path, lambda tmp: Path(tmp).write_bytes(blob))
+
+
+def train_on_labels(section: PlanParams, labels: Any, queries: Any, models: list[str],
+                    embedder: Path) -> TrainedRouter:
+    """The router of ``models``, trained on the queries labelled for all of them.
+
+    Args:
+        section: The planner's knobs (seed, train share, fraction grid).
+        labels: Rows (model, dataset, query_id, quality).
+        queries: Rows (dataset, query_id, prompt) holding the prompt of every labelled query.
+        models: The scenario's models, smallest first.
+        embedder: The fetched sentence embedder's checkpoint.
+
+    Raises:
+        ExitplanError: a model has no labels, too few queries are labelled for all, or a prompt is missing.
+    """
+    from exitplan.planner.build import quality_table
+    from exitplan.routing.scores import embed
+    from exitplan.routing.trainer import train_router
+
+    wide = quality_table(labels, models)
+    texts = queries.drop_duplicates(["dataset", "query_id"]).set_index(["dataset", "query_id"])["prompt"]
+    missing = wide.index.difference(texts.index)
+    if len(missing):
+        raise ExitplanError(f"no prompt for {len(missing)} labelled queries, e.g. {list(missing[0])}: every "
+                            f"labelled (dataset, query_id) needs its prompt text")
+    vectors = embed(embedder, texts.loc[wide.index].tolist())
+    return train_router(vectors, wide.to_numpy(), section.seed, section.routing_train_share, section.fraction_steps)
+
+
+def _front_frame(mobo: list, truth: list, marks: dict[str, Any]) -> Any:
+    import pandas as pd
+
+    from exitplan.planner.problem import pareto
+
+    rows = [{"source": "mobo", "order": i, **vars(p)} for i, p in enumerate(mobo)]
+    rows += [{"source": "exhaustive-front", "order": i, **vars(p)} for i, p in enumerate(pareto(truth))]
+    rows += [{"source": name, "order": 0, **vars(p)} for name, p in marks.items() if p is not None]
+    frame = pd.DataFrame(rows)
+    frame["fractions"] = frame["fractions"].map(list)
+    frame["choice"] = frame["choice"].map(list)
+    return frame
+
+
+def plan_scenario(section: PlanParams, scenario: PlanScenario, db: Any, catalog: Catalog, routing: TrainedRouter,
+                  out: Path, reports: Path, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Optimise one scenario on ``db`` and write its plan, front, router (under ``out``) and plot (``reports``).
+
+    Args:
+        section: The planner's knobs (``plan`` in params).
+        scenario: Models, GPUs, budget, load and SLO.
+        db: The perf DB covering every (model, GPU) of the scenario.
+        catalog: GPUs (their prices) and models.
+        routing: The router trained on the scenario's labelled queries.
+        out: Folder of ``plan.json``, ``front.parquet`` and ``router.json``.
+        reports: Folder of ``front.png``.
+        progress: Called with a line as each part starts.
+
+    Returns:
+        ``plan`` (the typed plan), the paths written, and ``times`` (``mobo_seconds``, ``seconds``).
+
+    Raises:
+        ExitplanError: no plan meets the SLO within the budget (naming the constraint that binds), or a model has no
+            deployment within the GPUs and budget.
+    """
+    from exitplan.planner.baselines import baselines
+    from exitplan.planner.build import problem_from
+    from exitplan.planner.mobo import optimise
+    from exitplan.planner.problem import best_under
+    from exitplan.planner.search import exhaustive
+
+    say = progress or (lambda _line: None)
+    started = time.perf_counter()
+    prices = {g: catalog.gpu(g).price_per_hour for g in scenario.gpus}
+    say("deployment candidates (knapsack per model and load share)")
+    problem = problem_from(db, prices, scenario.gpus, scenario.models, routing.quality,
+                           scenario.load_qps, scenario.budget_per_hour, section.metric, section.budget_points,
+                           scenario.max_p95_s, section.load_shares)
+    say(f"MOBO, {section.evaluations} evaluations")
+    mobo = optimise(problem, section.evaluations, section.initial, section.batch, section.seed, beta=section.beta,
+                    max_latency=scenario.max_p95_s, min_quality=scenario.min_quality or None,
+                    feasibility=section.feasibility)
+    say("the exhaustive front and the baselines")
+    truth = exhaustive(problem, section.fraction_steps)
+    cap = scenario.max_p95_s or float("inf")
+    marks = baselines(problem, scenario.min_quality, cap, section.fraction_steps)
+    # The exhaustive front is exact and takes well under a second here (decomposed per fraction vector), so the
+    # chosen plan is the best of MOBO's evaluations and the grid's: MOBO adds plans between the grid's fractions.
+    from_mobo = best_under(mobo.plans, cap, scenario.min_quality)
+    chosen = best_under([p for p in (from_mobo, best_under(truth, cap, scenario.min_quality)) if p], cap,
+                        scenario.min_quality)
+    if chosen is None:
+        raise ExitplanError(f"plan {scenario.name}: {binding_constraint(truth, scenario)}")
+    write_parquet(out / FRONT_FILE, _front_frame(mobo.plans, truth, marks))
+    plan = describe(problem, chosen, routing.window, db, scenario=scenario.name,
+                    slo={"max_p95_s": scenario.max_p95_s, "min_quality": scenario.min_quality},
+                    baselines={k: (None if p is None else Baseline(p95_s=p.latency, quality=p.quality, cost=p.cost))
+                               for k, p in marks.items()},
+                    quality_curve={"f_large": routing.grid[:, -1].tolist(), "router": routing.values.tolist(),
+                                   "oracle": routing.oracle.tolist(), "random": routing.random.tolist()},
+                    evaluations=len(mobo.plans), found_by="mobo" if chosen is from_mobo else "exhaustive",
+                    mobo_p95_s=None if from_mobo is None else from_mobo.latency)
+    write_plan(out / PLAN_FILE, plan)
+    save_router(out / ROUTER_FILE, section.embedder, scenario.models, routing.scorer, routing.window)
+    png = plot_front(reports / PLOT_FILE, f"{scenario.name}: {scenario.load_qps} req/s, "
+                     f"${scenario.budget_per_hour}/h", mobo.plans, truth, marks, chosen)
+    return {"name": scenario.name, "plan": plan, "plan_path": out / PLAN_FILE, "png": png,
+            "front": out / FRONT_FILE, "router": out / ROUTER_FILE,
+            "times": {"mobo_seconds": mobo.seconds, "seconds": time.perf_counter() - started}}
