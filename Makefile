@@ -24,7 +24,7 @@ export PREFECT_HOME ?= $(CURDIR)/.cache/prefect
 # The CPU build of torch lies on this machine's disk (/opt/wheels); a plain index install would pull CUDA.
 PIP_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: run test lint venv lock clean-venv infra-up infra-down infra-status vllm-env vllm-lock
+.PHONY: run test test-all lint venv lock clean-venv infra-up infra-down infra-status vllm-env vllm-lock
 
 venv: $(STAMP)
 
@@ -65,7 +65,14 @@ run:
 	# re-profiling once, on the gate's HELIOS telemetry (held-out prompts served from the PHT): the drift tests
 	$(BIN)/python -m flows.reprofile_fleet reports/gates/telemetry.parquet
 
-test: venv vllm-env lint
+# `make test`: the fast suite, minutes, before every commit (no vLLM environment needed). `make test-all`: also the
+# `integration` tests (the whole pipeline on tiny params, real vLLM replicas, the infra profile's servers, the fault
+# drills, the docs' walks), what CI runs. `slow` (real Qwen weights) only by hand: pytest -m slow.
+test: venv lint
+	mkdir -p $(PREFECT_HOME)
+	$(BIN)/python -m pytest -m "not slow and not integration" $(PYTEST_ARGS)
+
+test-all: venv vllm-env lint
 	mkdir -p $(PREFECT_HOME)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 

@@ -27,11 +27,13 @@ class ReproResult:
         target: The stage (or stage group) asked for.
         ran: Stages DVC actually ran (empty when all were up to date).
         output: DVC's console output.
+        seconds: Wall time of the ``dvc repro``.
     """
 
     target: str
     ran: list[str]
     output: str
+    seconds: float = 0.0
 
 
 def stage_names(root: Path) -> list[str]:
@@ -125,9 +127,10 @@ def repro(target: str, root: Path) -> ReproResult:
     Raises:
         PipelineError: with DVC's last lines when the stage fails.
     """
+    started = time.perf_counter()
     output = dvc(["repro", target], root)
     ran = [line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage '")]
-    return ReproResult(target, ran, output)
+    return ReproResult(target, ran, output, time.perf_counter() - started)
 
 
 def push(root: Path) -> str:

@@ -10,6 +10,7 @@ each runs only if DVC finds it stale, so a re-run after a failure does only what
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from prefect import flow, get_run_logger
@@ -26,10 +27,14 @@ def plan_fleet(params_path: str = "params.yaml", stages: list[str] | None = None
     (raises, naming every failed expectation, if not), push the outputs to the DVC remote (``push``), and report
     where outputs are."""
     params = check_config(Path(params_path))
-    results = [repro_stage(stage, params.root) for stage in (stages or list_stages(params.root))]
-    logger = get_run_logger()
-    for result in results:
-        logger.info("%s: %s", result.target, ", ".join(result.ran) or "up to date")
+    logger, started = get_run_logger(), time.perf_counter()
+    names = stages or list_stages(params.root)
+    results = []
+    for i, stage in enumerate(names, 1):  # a progress line per stage as it ends, with its time and the total so far
+        results.append(repro_stage(stage, params.root))
+        logger.info("[%d/%d] %s: %s in %.1f min (%.1f min so far)", i, len(names), stage,
+                    ", ".join(results[-1].ran) or "up to date", results[-1].seconds / 60,
+                    (time.perf_counter() - started) / 60)
     if "gate" in [r.target for r in results] and params.tracking.enabled:
         logger.info("promotion: %s", promote_plan(params))
     if push:

@@ -103,3 +103,9 @@ def vllm_replicas(smollm2_checkpoint: Path, tmp_path_factory: pytest.TempPathFac
     finally:
         for replica in started:
             vllm_replica.stop(replica.process)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests that use the session's vLLM replicas run last, together: an idle vLLM CPU replica's engine spins on
+    its core, so three of them alive beside the other tests slowed everything after the first vLLM test."""
+    items.sort(key=lambda item: "vllm_replicas" in getattr(item, "fixturenames", ()))

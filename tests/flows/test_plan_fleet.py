@@ -20,6 +20,8 @@ from exitplan.profiling.candidates import read_selection
 from exitplan.profiling.device_file import read_device
 from exitplan.vllm.simulate import read_vllm_device
 
+pytestmark = pytest.mark.integration  # minutes: `make test-all` and CI run it, `make test` does not
+
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 LLAMA2 = "meta-llama/Llama-2-7b-hf"

@@ -17,7 +17,7 @@ from serving.scorer import BatchingScorer
 from tests.conftest import LARGE_VLLM, SMALL_VLLM
 from tests.serving.conftest import serve
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
 
 def length_score(texts):

@@ -53,6 +53,7 @@ def _streaming(url: str, n: int) -> bool:
     return found is not None and float(found.group(1)) >= 2 * n
 
 
+@pytest.mark.integration
 def test_a_replica_killed_mid_stream_never_answers_a_client_twice(smollm2_checkpoint: Path, tmp_path: Path) -> None:
     victim, victim_url = engine_process(smollm2_checkpoint, tmp_path, SMALL)
     try:

@@ -34,6 +34,8 @@ from exitplan.infra.profile import (
 )
 from tests.serving.conftest import free_port
 
+pytestmark = pytest.mark.integration  # minutes: `make test-all` and CI run it, `make test` does not
+
 LIVE = "data/telemetry/live.parquet"
 
 

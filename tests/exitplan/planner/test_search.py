@@ -135,13 +135,18 @@ def test_census_counts_the_plans_that_cannot_carry_the_load(loaded) -> None:
 
 
 def test_the_feasibility_model_keeps_mobo_off_plans_that_cannot_carry_the_load(loaded) -> None:
-    proposals = 16
-    stuck = {}
-    for mode in ("constraint", "penalty"):
-        loaded._cache.clear()
-        result = optimise(loaded, evaluations=8 + proposals, initial=8, q=4, seed=0, feasibility=mode)
-        stuck[mode] = sum(not np.isfinite(p.latency) for p in result.plans[8:])
+    """Summed over five seeds, so that one machine's floating-point path cannot decide the verdict: a single seed's
+    count moved from 7 to 10 of 16 between machines (issue 32), while the five-seed sums measured here were 27 of 80
+    (constraint) and 58 of 80 (penalty); the bounds leave 13 and 19 proposals of margin."""
+    proposals, seeds = 16, range(5)
+    stuck = dict.fromkeys(("constraint", "penalty"), 0)
+    for mode in stuck:
+        for seed in seeds:
+            loaded._cache.clear()
+            result = optimise(loaded, evaluations=8 + proposals, initial=8, q=4, seed=seed, feasibility=mode)
+            stuck[mode] += sum(not np.isfinite(p.latency) for p in result.plans[8:])
     rand = random_search(loaded, 200, seed=0)
     random_share = np.mean([not np.isfinite(p.latency) for p in rand])
     assert random_share > 0.6  # most plans within the budget cannot carry this load
-    assert stuck["constraint"] <= 0.4 * proposals < stuck["penalty"]
+    total = proposals * len(seeds)
+    assert stuck["constraint"] <= 0.5 * total and stuck["penalty"] - stuck["constraint"] >= 0.15 * total, stuck

@@ -15,7 +15,7 @@ from exitplan.earlyexit.partial_model import EarlyExitLM
 from exitplan.earlyexit.runner import PagedRunner, Work, kv_shape
 from tests.conftest import LARGE_VLLM, SMALL_VLLM
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Write a haiku about the sea."]
 
