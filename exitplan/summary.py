@@ -42,6 +42,28 @@ def promoted_plan(params: Params) -> str:
     return "\n".join(lines)
 
 
+def scenario_plans(params: Params) -> str:
+    """One line per scenario of ``plan``: its plan's P95, quality and cost, and its Pareto plot (or why none)."""
+    from exitplan.errors import ExitplanError
+    from exitplan.planner.plan_file import read_plan
+
+    lines = ["  plans (predicted):"]
+    for scenario in params.plan.scenarios:
+        path = plan_path(params, scenario.name)
+        if not path.is_file():
+            lines.append(f"    {scenario.name}: no plan (skipped or not run; reports/plan/metrics.json says why)")
+            continue
+        try:
+            plan = read_plan(path)
+        except ExitplanError as exc:
+            lines.append(f"    {scenario.name}: {exc}")
+            continue
+        shares = ", ".join(f"{m.model.split('/')[-1]} {m.fraction:.0%}" for m in plan.models)
+        lines.append(f"    {scenario.name}: P95 {plan.predicted_p95_s:.3f} s, quality {plan.predicted_quality:.3f}, "
+                     f"${plan.cost_per_hour:.2f}/h ({shares}); plot reports/plan/{scenario.name}/front.png")
+    return "\n".join(lines)
+
+
 def outputs(params: Params) -> str:
     """Where every output of the pipeline is."""
     return f"""exitplan plan_fleet finished. Outputs:
@@ -58,4 +80,5 @@ def outputs(params: Params) -> str:
   gate report        {gate_path(params)} (`exitplan promote --dry-run`)
   metrics            reports/  (`dvc metrics show`, `dvc plots show`)
   runs               MLflow: `mlflow ui --backend-store-uri sqlite:///{params.root / 'mlflow.db'}`
+{scenario_plans(params)}
 {promoted_plan(params)}"""
