@@ -29,7 +29,11 @@ class Link(StrictModel):
     """Usable bandwidth per GPU in GB/s (one direction)."""
 
     latency_us: float = Field(default=10.0, ge=0)
-    """Fixed cost of one collective call (all-reduce or stage-to-stage send) in microseconds."""
+    """Fixed cost of one NCCL call (a ring all-reduce over two GPUs, or a stage-to-stage send) in microseconds."""
+
+    peer_latency_us: float = Field(default=0.0, ge=0)
+    """Added cost of a ring all-reduce per GPU beyond two, in microseconds (its hops grow with the group on PCIe;
+    about flat on an NVSwitch)."""
 
 
 class Efficiency(StrictModel):

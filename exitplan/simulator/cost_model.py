@@ -2,7 +2,8 @@
 
 Prefill is compute-bound (FLOPs / effective TFLOPS), decode memory-bound (weight bytes + KV bytes read / effective
 bandwidth); a step costs the larger of the two (the roofline). Tensor parallelism splits both over ``tp`` GPUs and
-adds two ring all-reduces of the activations per layer; pipeline parallelism splits layers over ``pp`` stages that a
+adds two all-reduces of the activations per layer (``comm``: vLLM's custom all-reduce or NCCL's ring, from the
+GPU's link); pipeline parallelism splits layers over ``pp`` stages that a
 token crosses one after another, with a send between stages (no micro-batch overlap: PP buys memory, not speed).
 A replica may hold only ``layers`` of the model's layers (a partial early-exit model) plus an exit block.
 """
@@ -15,6 +16,7 @@ import numpy as np
 
 from exitplan.catalog import Gpu, Model
 from exitplan.errors import SimulationError
+from exitplan.simulator.comm import Interconnect
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,7 @@ class CostModel:
     seq_overhead_s: float = 0.0
     _c: dict[str, float] = field(init=False, repr=False, compare=False)
     _scale: tuple[np.ndarray, np.ndarray] | None = field(init=False, repr=False, compare=False)
+    _link: Interconnect = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         s, m, g = self.spec, self.spec.model, self.spec.gpu
@@ -122,11 +125,10 @@ class CostModel:
             # PP stages work one after another on a batch, so only the tp GPUs of one stage work at a time.
             "flops_per_s": g.bf16_tflops * 1e12 * g.efficiency.compute * s.tp,
             "bytes_per_s": g.hbm_bandwidth_gbps * 1e9 * g.efficiency.memory * s.tp,
-            "link_bytes_per_s": g.link.bandwidth_gbps * 1e9 * g.efficiency.link,
-            "link_latency_s": g.link.latency_us * 1e-6,
             "act_bytes": float(m.hidden_size * dtype),
             "layers": float(layers),
         })
+        object.__setattr__(self, "_link", Interconnect.of(g))
         scale = sorted((g.efficiency.memory_scale or {}).items())
         object.__setattr__(self, "_scale", (np.asarray([k for k, _ in scale], float),
                                             np.asarray([v for _, v in scale], float)) if scale else None)
@@ -137,17 +139,11 @@ class CostModel:
             return self._c["bytes_per_s"]
         return self._c["bytes_per_s"] * np.interp(new_tokens, *self._scale)
 
-    def _comm(self, tokens: np.ndarray | float) -> np.ndarray | float:
-        """TP all-reduces (2 per layer, ring) and PP sends for a step that carries ``tokens`` tokens."""
-        c, tp, pp = self._c, self.spec.tp, self.spec.pp
-        size = tokens * c["act_bytes"]
-        total: np.ndarray | float = 0.0
-        if tp > 1:
-            ring = 2.0 * (tp - 1) / tp * size / c["link_bytes_per_s"] + c["link_latency_s"]
-            total = total + 2.0 * c["layers"] * ring
-        if pp > 1:
-            total = total + (pp - 1) * (size / c["link_bytes_per_s"] + c["link_latency_s"])
-        return total
+    def comm_time(self, tokens: np.ndarray | float) -> np.ndarray | float:
+        """TP all-reduces (2 per layer) and PP sends for a step that carries ``tokens`` tokens."""
+        if self.spec.tp == 1 and self.spec.pp == 1:
+            return 0.0
+        return self._link.step_s(tokens * self._c["act_bytes"], self._c["layers"], self.spec.tp, self.spec.pp)
 
     def step_time(self, new_tokens: float, attn_pairs: float, kv_tokens_read: float, sampled: float) -> float:
         """Seconds of one iteration (scalar twin of :meth:`step_times`, kept in plain floats for speed).
@@ -163,7 +159,7 @@ class CostModel:
         memory = c["weight_bytes"] + (c["head_bytes"] if sampled > 0 else 0.0)
         memory += (kv_tokens_read + new_tokens) * c["kv_bytes"]
         roofline = max(flops / c["flops_per_s"], memory / float(self._bandwidth(new_tokens)))
-        return roofline + float(self._comm(new_tokens)) + self.step_overhead_s + sampled * self.seq_overhead_s
+        return roofline + float(self.comm_time(new_tokens)) + self.step_overhead_s + sampled * self.seq_overhead_s
 
     def step_times(self, new_tokens: np.ndarray, attn_pairs: np.ndarray, kv_tokens_read: np.ndarray,
                    sampled: np.ndarray) -> np.ndarray:
@@ -173,7 +169,7 @@ class CostModel:
         head_bytes = np.where(sampled > 0, c["head_bytes"], 0.0)
         memory = c["weight_bytes"] + head_bytes + (kv_tokens_read + new_tokens) * c["kv_bytes"]
         roofline = np.maximum(flops / c["flops_per_s"], memory / self._bandwidth(new_tokens))
-        return roofline + self._comm(new_tokens) + self.step_overhead_s + sampled * self.seq_overhead_s
+        return roofline + self.comm_time(new_tokens) + self.step_overhead_s + sampled * self.seq_overhead_s
 
     def decode_times(self, num_seqs: int, context_sum: float, steps: int) -> np.ndarray:
         """Times of ``steps`` pure decode steps of ``num_seqs`` sequences whose contexts sum to ``context_sum``.
