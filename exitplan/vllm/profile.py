@@ -29,6 +29,8 @@ from typing import Any
 import httpx
 import numpy as np
 
+from exitplan.errors import ExitplanError
+
 VOCAB_LOW, VOCAB_HIGH = 1000, 20000
 """Token ids the synthetic prompts draw from (ordinary tokens of every vocabulary here)."""
 
@@ -55,8 +57,25 @@ async def decode_step(url: str, model: str, prompts: Sequence[list[int]], tokens
     """Median seconds of one decode step with ``prompts`` streamed together (the batch)."""
     async with httpx.AsyncClient(timeout=600) as client:
         streams = await asyncio.gather(*(_stream_gaps(client, url, model, prompt, tokens) for prompt in prompts))
-    all_in = max(s[0] for s in streams)  # every prompt has had its prefill
+    return batch_step_seconds(streams)
+
+
+def batch_step_seconds(streams: Sequence[Sequence[float]]) -> float:
+    """Median gap between the events of ``streams`` (arrival times of each stream's events) once every stream has
+    had its first token (all prefills done, so each gap is one decode step of the whole batch).
+
+    Raises:
+        ExitplanError: no stream had two events after that point: vLLM's API server merged the tokens of a stream
+            into one event (it does when it lags behind its engine, on a slow or loaded CPU), so the stream does not
+            time the engine's steps.
+    """
+    all_in = max(s[0] for s in streams)
     gaps = [b - a for s in streams for a, b in zip(s, s[1:], strict=False) if a >= all_in]
+    if not gaps:
+        events = sorted(len(s) for s in streams)
+        raise ExitplanError(f"a batch of {len(streams)} streams gave no decode step to time: once the last prefill "
+                            f"was done no stream had two events (events per stream: {events}); vLLM merged the "
+                            "streamed tokens, its API server lagging behind the engine on this CPU")
     return statistics.median(gaps)
 
 
