@@ -23,8 +23,8 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from exitplan import REPO_ROOT  # noqa: E402
-from exitplan.catalog import load_catalog  # noqa: E402
-from exitplan.config import load_params  # noqa: E402
+from exitplan.catalog import Catalog, load_catalog  # noqa: E402
+from exitplan.config import Params, load_params  # noqa: E402
 from exitplan.simulator.cluster import simulate_cluster  # noqa: E402
 from exitplan.simulator.cost_model import CostModel, ReplicaSpec  # noqa: E402
 from exitplan.simulator.metrics import summarize  # noqa: E402
@@ -36,10 +36,8 @@ METRICS = {"e2e_mean": ("e2e_s", "mean"), "ttft_mean": ("ttft_s", "mean"), "tpot
            "e2e_p50": ("e2e_s", "p50"), "ttft_p50": ("ttft_s", "p50"), "tpot_p50": ("tpot_s", "p50")}
 
 
-def simulate_point(row: dict[str, str]) -> float:
+def simulate_point(row: dict[str, str], params: Params, catalog: Catalog) -> float:
     """The simulator's value of one reference point's metric."""
-    params = load_params(REPO_ROOT / "params.yaml")
-    catalog = load_catalog(params.path(params.catalog))
     spec = ReplicaSpec(catalog.model(row["model"]), catalog.gpu(row["gpu"]), int(row["tp"]), int(row["pp"]))
     requests = generate_requests(int(row["requests"]), float(row["qps"]), int(row["prompt_len"]),
                                  int(row["output_len"]), arrival=row["arrival"])
@@ -48,10 +46,8 @@ def simulate_point(row: dict[str, str]) -> float:
     return float(metrics[section][stat])
 
 
-def print_tp_communication() -> None:
+def print_tp_communication(params: Params, catalog: Catalog) -> None:
     """The share of TP's all-reduces in a 70B decode step (8 sequences of 500 tokens) on H100, TP 2/4/8."""
-    params = load_params(REPO_ROOT / "params.yaml")
-    catalog = load_catalog(params.path(params.catalog))
     model, gpu = catalog.model("meta-llama/Llama-2-70b-hf"), catalog.gpu("h100-sxm")
     print(f"\n{'70B decode step, 8 seqs, H100':<36}{'comm ms':>9}{'step ms':>9}{'comm share':>12}")
     for tp in (2, 4, 8):
@@ -67,12 +63,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="same points (they are all cheap)")
     parser.parse_args()
     rows = list(csv.DictReader(REFERENCE.open()))
-    print_tp_communication()
+    params = load_params(REPO_ROOT / "params.yaml")
+    catalog = load_catalog(params.path(params.catalog))
+    print_tp_communication(params, catalog)
     print(f"{'reference point':<36}{'role':<12}{'metric':<10}{'measured s':>11}{'simulated s':>12}{'error':>9}")
     errors: dict[str, list[float]] = {"validation": [], "calibration": []}
     for row in rows:
         measured = float(row["value_s"])
-        simulated = simulate_point(row)
+        simulated = simulate_point(row, params, catalog)
         error = (simulated - measured) / measured
         errors[row["role"]].append(abs(error))
         print(f"{row['id'][:35]:<36}{row['role']:<12}{row['metric']:<10}{measured:>11.4f}{simulated:>12.4f}"

@@ -71,14 +71,10 @@ class Interconnect:
         ring: NCCL's ring (any size, any link).
         custom: vLLM's custom all-reduce (NVLink only; ``None`` on PCIe, where vLLM disables it beyond two GPUs
             and GeForce cards lack the peer-to-peer access it needs).
-        send_call_s: Fixed cost of one stage-to-stage send.
-        link_bytes_per_s: Achieved one-way link bandwidth of a send.
     """
 
     ring: Algorithm
     custom: Algorithm | None
-    send_call_s: float
-    link_bytes_per_s: float
 
     @classmethod
     def of(cls, gpu: Gpu) -> Interconnect:
@@ -88,7 +84,7 @@ class Interconnect:
         ring = Algorithm(link.latency_us * 1e-6, link.peer_latency_us * 1e-6, bandwidth * gpu.efficiency.link)
         custom = (Algorithm(CUSTOM_AR_CALL_S, CUSTOM_AR_PEER_S, bandwidth * CUSTOM_AR_BUS_FRACTION,
                             CUSTOM_AR_MAX_BYTES) if link.kind == "nvlink" else None)
-        return cls(ring, custom, link.latency_us * 1e-6, bandwidth * gpu.efficiency.link)
+        return cls(ring, custom)
 
     def all_reduce_s(self, n_bytes: np.ndarray | float, p: int) -> np.ndarray | float:
         """Seconds of one all-reduce of ``n_bytes`` over ``p`` GPUs: the faster algorithm that applies."""
@@ -98,13 +94,14 @@ class Interconnect:
         return best if self.custom is None else np.minimum(best, self.custom.seconds(n_bytes, p))
 
     def send_s(self, n_bytes: np.ndarray | float) -> np.ndarray | float:
-        """Seconds of one stage-to-stage send of ``n_bytes``."""
-        return self.send_call_s + n_bytes / self.link_bytes_per_s
+        """Seconds of one stage-to-stage send of ``n_bytes``: an NCCL call and the link's achieved bandwidth (the
+        ring's own constants)."""
+        return self.ring.call_s + n_bytes / self.ring.bus_bytes_per_s
 
     def step_s(self, n_bytes: np.ndarray | float, layers: float, tp: int, pp: int) -> np.ndarray | float:
         """Communication of one step whose activations are ``n_bytes``: two all-reduces per layer, ``pp - 1``
         sends (PP stages run one after another, so their sends add up)."""
-        total = 2.0 * layers * self.all_reduce_s(n_bytes, tp) if tp > 1 else 0.0
+        total = 2.0 * layers * self.all_reduce_s(n_bytes, tp)
         if pp > 1:
             total = total + (pp - 1) * self.send_s(n_bytes)
         return total
