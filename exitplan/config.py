@@ -363,7 +363,7 @@ class TrainExitsParams(StrictModel):
     distributions, and the vocabulary projection of the held-out evaluation. ``bfloat16`` runs them as the engine
     serves the model (packed for oneDNN where the CPU has bfloat16 kernels), so the heads learn the served model's
     final layer; the heads themselves always train and are saved in float32. A half precision runs as float32 on a CPU
-    without bfloat16 kernels (AVX2 only; :mod:`exitplan.cpu_features`)."""
+    without bfloat16 kernels (AVX2, or AVX512 without BF16; :mod:`exitplan.cpu_features`)."""
 
     output_dir: str = "model_repository/exits"
     """Folder of the exit checkpoints: ``<output_dir>/<hf id>/`` (a DVC output)."""
@@ -570,8 +570,9 @@ class LabelQualityParams(StrictModel):
 
     dtype: Literal["float32", "bfloat16"] = "bfloat16"
     """Dtype the labelling model runs in. bfloat16 is what these models are served in (vLLM's default for Qwen2.5,
-    whose weights were trained in it) and, on this CPU (AVX512-BF16), halves the time of a forward pass and of a
-    decode step against float32. A half precision runs as float32 on a CPU without bfloat16 kernels (AVX2 only;
+    whose weights were trained in it) and, on a CPU with AVX512-BF16, halves the time of a forward pass and of a
+    decode step against float32. A half precision runs as float32 on a CPU without bfloat16 kernels (AVX2, or AVX512
+    without BF16;
     :mod:`exitplan.cpu_features`)."""
 
     user_labels: str | None = None
@@ -726,7 +727,7 @@ class HeliosParams(StrictModel):
     were measured in. Stage ``exit_profile`` observes the exits in it too (bfloat16 weights packed for oneDNN,
     :meth:`~exitplan.earlyexit.partial_model.EarlyExitLM.for_inference`; float32 is exact; under torch's CPU autocast
     instead the stage took 246 s here instead of 339 s in float32, every observation within 0.02). A half precision runs
-    as float32 on a CPU without bfloat16 kernels (AVX2 only; :mod:`exitplan.cpu_features`)."""
+    as float32 on a CPU without bfloat16 kernels (AVX2, or AVX512 without BF16; :mod:`exitplan.cpu_features`)."""
 
     threshold: float = Field(default=0.8, gt=0, le=1)
     """Confidence under which an exited token counts as a breach."""
@@ -953,7 +954,7 @@ class VllmParams(StrictModel):
 
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     """Weights and activations of the vLLM replicas (``--dtype``). A half precision runs as float32 on a CPU without
-    bfloat16 kernels (AVX2 only; :mod:`exitplan.cpu_features`). GPU bundles keep it."""
+    bfloat16 kernels (AVX2, or AVX512 without BF16; :mod:`exitplan.cpu_features`). GPU bundles keep it."""
 
     max_model_len: int = Field(default=4096, ge=64, le=131_072)
     """Longest prompt + output of a replica here (``--max-model-len``): unset, the CPU backend profiles a batch of

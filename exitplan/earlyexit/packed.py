@@ -3,9 +3,10 @@
 ``torch.nn.functional.linear`` in bfloat16 on CPU calls oneDNN too, but reorders the weight on every call, so a
 decode step reads each weight twice; reordered once at load, a step streams it once. Measured on this machine (one
 core, 72 weights of 4864 x 896): 2.3x faster at one row, 1.8x at sixteen, bit-identical outputs. Inference only (no
-gradients); used where the serving engine holds a bfloat16 model and the CPU has oneDNN's bfloat16 kernels
-(AVX512-BF16, AVX-NE-CONVERT, or AVX512 BW+VL+DQ); elsewhere (an AVX2-only CPU) models run unpacked, and packing is
-refused by name rather than failing inside oneDNN.
+gradients); used where the serving engine holds a bfloat16 model and the CPU has native bfloat16 instructions
+(:func:`exitplan.cpu_features.bf16_kernels`: AVX512-BF16, AMX-BF16 or AVX-NE-CONVERT); elsewhere (AVX2 only, or
+AVX512 without BF16, where oneDNN emulates bfloat16 and packed rows of 16 ran 2.5x slower than float32) models run
+unpacked, and packing is refused by name rather than run slow.
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ BATCH_HINT = 16
 
 
 def can_pack(dtype: torch.dtype) -> bool:
-    """Whether weights of ``dtype`` gain from packing here: bfloat16 on a CPU with oneDNN's bfloat16 kernels."""
-    return (dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+    """Whether weights of ``dtype`` gain from packing here: bfloat16 on a CPU with native bfloat16 instructions that
+    torch's oneDNN supports."""
+    from exitplan.cpu_features import bf16_kernels
+
+    return (dtype == torch.bfloat16 and bf16_kernels() and torch.backends.mkldnn.is_available()
             and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
 
@@ -35,8 +39,8 @@ class PackedLinear(nn.Module):
         if not can_pack(torch.bfloat16):
             from exitplan.errors import ExitplanError
 
-            raise ExitplanError("this CPU has no oneDNN bfloat16 kernels (AVX512-BF16, AVX-NE-CONVERT or AVX512 "
-                                "BW+VL+DQ): weights cannot be packed here; load the model with "
+            raise ExitplanError("this CPU has no oneDNN bfloat16 kernels (AVX512-BF16, AMX-BF16 or "
+                                "AVX-NE-CONVERT): weights cannot be packed here; load the model with "
                                 "EarlyExitLM.for_inference, which packs only where it gains")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
