@@ -76,6 +76,11 @@ def vllm_device_path(params: Params) -> Path:
     return params.path(params.profile_vllm.output_dir) / DEVICE_FILE
 
 
+def calibration_path(params: Params, stage: str) -> Path:
+    """The calibration of the device ``stage`` fitted (``exitplan calibrate``)."""
+    return params.path(params.calibrate.output_dir) / f"{stage}.yaml"
+
+
 def exit_profile_path(params: Params) -> Path:
     """The per-token exit profile, written by ``exit_profile``."""
     return params.path(params.exit_profile.output_dir) / EXIT_PROFILE_FILE

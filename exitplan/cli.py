@@ -152,6 +152,34 @@ def simulate(
     console.print_json(json.dumps(metrics))
 
 
+@app.command("calibrate")
+def calibrate(
+    device: Annotated[str, typer.Option(help="Whose device: vllm (profile_vllm) or engine (profile_device).")] = "vllm",
+    params: ParamsOption = Path(DEFAULT_PARAMS),
+) -> None:
+    """Re-run the profiled device's reference probe (seconds) and record the machine's drift since profiling; the
+    simulator's checks against the real engines rescale the device by it."""
+    from exitplan.artifacts import calibration_path
+    from exitplan.catalog import load_catalog
+    from exitplan.profiling.calibration import Stage, device_of, read_calibration, standing
+    from exitplan.profiling.calibration import calibrate as run_calibration
+
+    stages: dict[str, Stage] = {"vllm": "profile_vllm", "engine": "profile_device"}
+    if device not in stages:
+        raise ExitplanError(f"--device {device!r}: expected one of {', '.join(stages)}")
+    loaded, stage = _params(params), stages[device]
+    previous = standing(device_of(loaded, stage), read_calibration(calibration_path(loaded, stage)),
+                        loaded.calibrate.max_age_h)
+    console.print(f"before: {previous.line()}")
+    done = run_calibration(loaded, stage, load_catalog(loaded.path(loaded.catalog)))
+    drift = done.drift
+    console.print(f"probe {done.probe.model} ({done.probe.dtype}, {done.probe.threads} thread(s)): prefill "
+                  f"{done.probe.prefill_s * 1e3:.1f} ms (profiled {done.reference.prefill_s * 1e3:.1f}), decode "
+                  f"{done.probe.decode_s * 1e3:.1f} ms (profiled {done.reference.decode_s * 1e3:.1f})")
+    console.print(f"drift since profiling: prefill x{drift.prefill:.3f}, decode x{drift.decode:.3f}; written "
+                  f"{calibration_path(loaded, stage)}")
+
+
 @app.command("plan")
 def plan_fleet(
     fleet: Annotated[Path, typer.Argument(help="The fleet file (docs/your-fleet.md says what it holds).")],

@@ -1027,6 +1027,21 @@ class InfraParams(StrictModel):
     """How long ``infra up`` waits for each service's health check."""
 
 
+class CalibrateParams(StrictModel):
+    """``exitplan calibrate``: the reference probe re-run here, and how old a calibration may grow
+    (:mod:`exitplan.profiling.calibration`)."""
+
+    output_dir: str = "data/calibration"
+    """Folder of the calibrations, one ``<stage>.yaml`` per profiled device (machine-local state: neither in git nor
+    a DVC output, so a calibration never re-runs the pipeline)."""
+
+    repeats: int = Field(default=7, ge=3, le=101)
+    """Timed runs of each probe kind (the median is taken); 7 take about 6 s for Qwen2.5-1.5B's layer in float32."""
+
+    max_age_h: float = Field(default=24.0, gt=0, le=8760)
+    """Hours after which the last probe (the profiling's or the last calibration's) is reported stale."""
+
+
 class Params(StrictModel):
     """The whole ``params.yaml``."""
 
@@ -1101,6 +1116,9 @@ class Params(StrictModel):
 
     infra: InfraParams = Field(default_factory=InfraParams)
     """The production profile: PostgreSQL, Prefect and MLflow servers, a work pool and its worker."""
+
+    calibrate: CalibrateParams = Field(default_factory=CalibrateParams)
+    """``exitplan calibrate`` (the machine's drift since profiling)."""
 
     _root: Path = PrivateAttr(default_factory=Path.cwd)
 

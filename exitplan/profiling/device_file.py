@@ -15,6 +15,7 @@ from exitplan.atomic import write_atomic
 from exitplan.catalog import Gpu
 from exitplan.errors import ConfigError, ExitplanError
 from exitplan.kinds import Dtype
+from exitplan.profiling.probe import Probe
 from exitplan.yaml_model import StrictModel, load_yaml_model
 
 
@@ -51,6 +52,10 @@ class DeviceProfile(StrictModel):
 
     engine: ReplicaKnobs | None = None
     """The knobs of the replicas profiled (``profile_vllm``; none for our own engine)."""
+
+    probe: Probe | None = None
+    """The reference probe, taken right after the profiling (:mod:`exitplan.profiling.probe`): what a later
+    calibration measures the machine's drift against (none in profiles written before probes existed)."""
 
 
 def write_device(path: Path, profile: DeviceProfile) -> Path:

@@ -12,6 +12,7 @@ from exitplan.config import Params
 from exitplan.cpu_features import local_dtype, torch_dtype
 from exitplan.kinds import DTYPE_BYTES
 from exitplan.profiling.device_file import DeviceProfile, ReplicaKnobs, read_device, write_device
+from exitplan.profiling.probe import Probe, reference_model, run_probe
 from exitplan.tracking import log_stage_run
 
 STAGE = "profile_device"
@@ -30,6 +31,7 @@ def main(params: Params) -> dict[str, Any]:
     gains); fit the device; write the points, the entry and metrics."""
     import psutil
 
+    from exitplan.catalog import load_catalog
     from exitplan.earlyexit.partial_model import EarlyExitLM
     from exitplan.profiling.device import measure
 
@@ -46,8 +48,10 @@ def main(params: Params) -> dict[str, Any]:
         del model
     memory = section.memory_gib or psutil.virtual_memory().total / 2**30
     models = {name: catalog_model(params, name) for name in section.models}
+    probe = run_probe(reference_model(load_catalog(params.path(params.catalog)), list(section.models)),
+                      local_dtype(params.helios.dtype), params.calibrate.repeats)
     metrics = fit_and_write(rows, models, section.device_id, memory, section.price_per_hour,
-                            params.path(section.output_dir))
+                            params.path(section.output_dir), probe)
     report = write_json(params.path("reports") / STAGE / "metrics.json", metrics)
     seconds = time.perf_counter() - started
     log_stage_run(STAGE, params.tracking, params.root, section.model_dump(),
@@ -57,10 +61,10 @@ def main(params: Params) -> dict[str, Any]:
 
 
 def fit_and_write(rows: list[dict[str, Any]], models: dict[str, Any], device_id: str, memory_gib: float,
-                  price_per_hour: float, out: Path, engine: ReplicaKnobs | None = None) -> dict[str, Any]:
+                  price_per_hour: float, out: Path, probe: Probe, engine: ReplicaKnobs | None = None) -> dict[str, Any]:
     """Fit the device to the measured ``rows``, add each row's prediction, and write ``steps.parquet`` and
-    ``device.yaml`` (the entry, its overheads and the replicas' ``engine`` knobs) into ``out``; returns the fit's
-    metrics."""
+    ``device.yaml`` (the entry, its overheads, the reference ``probe`` taken after the profiling and the replicas'
+    ``engine`` knobs) into ``out``; returns the fit's metrics."""
     import pandas as pd
 
     from exitplan.profiling.device import fit_device, predict
@@ -71,10 +75,11 @@ def fit_and_write(rows: list[dict[str, Any]], models: dict[str, Any], device_id:
         for row, seconds in zip(mine, predict(mine, model, device, step, seq), strict=True):
             row["predicted"] = float(seconds)
     write_parquet(out / "steps.parquet", pd.DataFrame(rows))
-    write_device(out / DEVICE_FILE, DeviceProfile(gpu=device, step_overhead_s=step, seq_overhead_s=seq, engine=engine))
+    write_device(out / DEVICE_FILE, DeviceProfile(gpu=device, step_overhead_s=step, seq_overhead_s=seq, engine=engine,
+                                                  probe=probe))
     return {"device": device.id, "flops_per_s": device.bf16_tflops * 1e12,
             "bytes_per_s": device.hbm_bandwidth_gbps * 1e9, "step_overhead_s": step, "seq_overhead_s": seq,
-            "points": len(rows), **errors}
+            "points": len(rows), "probe_prefill_s": probe.prefill_s, "probe_decode_s": probe.decode_s, **errors}
 
 
 def load_device(params: Params) -> DeviceProfile:

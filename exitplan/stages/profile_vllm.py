@@ -69,6 +69,7 @@ def main(params: Params) -> dict[str, Any]:
     from exitplan.catalog import load_catalog
     from exitplan.kinds import DTYPE_BYTES
     from exitplan.profiling.device_file import ReplicaKnobs
+    from exitplan.profiling.probe import reference_model, run_probe
     from exitplan.stages.profile_device import fit_and_write
     from exitplan.vllm.replica import cpu_engine, replica_dtype
 
@@ -84,8 +85,11 @@ def main(params: Params) -> dict[str, Any]:
     engine = ReplicaKnobs(max_num_seqs=knobs.max_num_seqs, block_size=knobs.block_size,
                           max_model_len=params.vllm.max_model_len, dtype=dtype,
                           kv_cache_gib=float(params.vllm.kv_cache_gib))
+    # the reference probe, right after the replicas have stopped, in their precision and on their threads' count
+    probe = run_probe(reference_model(catalog, list(section.models)), dtype, params.calibrate.repeats,
+                      params.vllm.threads_per_replica)
     metrics = fit_and_write(rows, models, section.device_id, memory, section.price_per_hour,
-                            params.path(section.output_dir), engine)
+                            params.path(section.output_dir), probe, engine)
     decode = [r for r in rows if r["kind"] == "decode"]
     shortest = min(r["context"] for r in decode)
     metrics.update({f"decode_tok_s_b{r['batch']}_{r['model'].split('/')[-1]}": r["batch"] / r["seconds"]
