@@ -1,57 +1,71 @@
-"""The plan deployed on real vLLM replicas here, held against the simulator's prediction of the same traffic.
+"""The plan deployed on real vLLM replicas here, held against the simulator's prediction of the same traffic, at
+four loads from the plan's own to near saturation.
 
 The plan is the local scenario's (``qwen-local``: the Qwen pair on this machine's vLLM device, ``data/plan/
 qwen-local/plan.json``: its models, routing fractions, routing model and predicted P95). ``exitplan deploy``'s local
 path (:func:`exitplan.deploy.start_local` with ``deploy.backend: vllm``) starts one vLLM CPU replica per plan model this
-machine holds (one core each) and the coordinator in front, on loopback. A real trace is replayed through the
-coordinator: workload prompts (``queries.parquet``, their text and token counts) at Poisson arrivals at the scenario's
-load, each streamed with ``max_tokens`` = its reference answer's length cut at ``build_perf_db.vllm_max_output_len`` (as
-the plan's perf DB cut them); the client records TTFT, TPOT and end-to-end latency, and which model the coordinator
+machine holds (one core each) and the coordinator in front, on loopback, once for the whole sweep. At each load a
+real trace is replayed through the coordinator: workload prompts (``queries.parquet``, their text and token counts;
+other prompts at every load, so vLLM's prefix cache never holds one from an earlier point) at Poisson arrivals, each
+streamed with ``max_tokens`` = its reference answer's length cut at ``build_perf_db.vllm_max_output_len`` (as the
+plan's perf DB cut them); the client records TTFT, TPOT and end-to-end latency, and which model the coordinator
 routed it to.
+
+The loads: the scenario's ``load_qps`` (the plan's promise is checked there: ``plan_p95_err`` compares its
+``predicted_p95_s``, the worst loaded model's P95 from the perf DB, with the worst model's measured P95), then
+geometrically up to where the simulator predicts the fleet's P95 at 4x the light one (the last point is meant to
+measure at least 3x: ``heavy_over_light`` says whether it did).
 
 The prediction of each request is its wait in the coordinator's routing scorer (each prompt's scoring time, its embedder
 and weights timed here alone with the replicas up and standing by, through the scorer's micro-batching queue) followed
 by the simulator's (:mod:`exitplan.vllm.simulate`: the ``vllm-cpu`` device fitted by ``profile_vllm``, the replicas'
 engine knobs) of its model's replica serving exactly the requests routed to it, each reaching it when its score is
-known, with their prompt lengths and the answer lengths they got. Errors are relative, per metric: the median over the
-cells (each model and the fleet) x (P50, P95). The plan's own promise is its ``predicted_p95_s`` (the worst loaded
-model's P95 from the perf DB at the plan's fractions): ``plan_p95_err`` compares it with the worst model's measured P95
-(``fleet_p95_s``).
+known, with their prompt lengths and the answer lengths they got. Each point runs between two reference probes
+(``benchmarks/sweep.py``): the prediction is made twice, with the device as profiled (raw) and rescaled by the
+probes' drift since profiling (corrected). Errors are relative, per cell: load x (each model and all requests) x
+(TTFT, TPOT, E2E) x (P50, P95).
 
-``--quick``: 16 requests (about 5 minutes with the replicas' start-up); without it 48. ``--scenario`` to change.
+``--quick``: 20 requests per load (about 10 minutes with the replicas' start-up: the P95 of 20 is their second
+slowest); without it 100 per load (well over an hour). ``--scenario`` to change. The plot goes to
+``benchmarks/out/fleet_vs_plan.png``.
 
-Last line: ``RESULT plan_p95_err=... ttft_err=... tpot_err=... e2e_p50_err=... fleet_p95_s=... predicted_p95_s=...``
-(target: median relative error <= 15% per metric, goal 10%).
+Last line: ``RESULT sweep_median_err=... sweep_max_err=... drift_corrected_median_err=... drift_corrected_max_err=...
+drift_max=... plan_p95_err=... heavy_over_light=...`` (target: median <= 10%, max <= 25%, raw).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pandas as pd
 from common import start
+from sweep import Prober, cells, geometric_loads, plot, print_table, saturating_load, stamp, summary
 
-from exitplan.artifacts import PLAN_FILE, ROUTER_FILE, queries_path, vllm_device_path
+from exitplan.artifacts import PLAN_FILE, ROUTER_FILE, calibration_path, queries_path
 from exitplan.catalog import load_catalog
 from exitplan.deploy import start_local
 from exitplan.planner.plan_file import read_plan
+from exitplan.profiling.calibration import device_of, read_calibration, standing
 from exitplan.routing.router_file import load_router
 from exitplan.simulator.replica import RequestSet
-from exitplan.vllm.simulate import read_vllm_device, replica_simulator
+from exitplan.vllm.simulate import replica_simulator
 from serving.scorer import BatchingScorer, score_function
 
-METRICS = ("ttft", "tpot", "e2e")
+LOADS = 4
+"""Measured loads of the sweep."""
 
 
-def trace(params, count: int, qps: float, cap: int) -> pd.DataFrame:
-    """``count`` workload queries at Poisson arrivals of rate ``qps`` (seeded), answers capped at ``cap``."""
-    queries = pd.read_parquet(queries_path(params))
-    picked = queries.sample(n=count, random_state=0).reset_index(drop=True)
-    rng = np.random.default_rng(0)
+def trace(params, count: int, qps: float, cap: int, point: int) -> pd.DataFrame:
+    """The ``point``-th set of ``count`` workload queries (no query in two sets) at Poisson arrivals of rate ``qps``
+    (seeded), answers capped at ``cap``."""
+    queries = pd.read_parquet(queries_path(params)).sample(frac=1.0, random_state=0)
+    picked = queries.iloc[point * count:(point + 1) * count].reset_index(drop=True)
+    rng = np.random.default_rng(point)
     picked["arrival_s"] = np.cumsum(rng.exponential(1 / qps, size=count))
     picked["max_tokens"] = picked["output_len"].clip(lower=2, upper=cap).astype(int)
     return picked
@@ -119,10 +133,9 @@ def scorer_queue(sent_s: np.ndarray, score_s: np.ndarray) -> np.ndarray:
     return out
 
 
-def predict(params, frame: pd.DataFrame, device) -> pd.DataFrame:
-    """The prediction of each request's TTFT, TPOT and E2E: its routing score's time (``route_s``), then the
-    simulator's replica of its model, reached when the score is known."""
-    catalog = load_catalog(params.path(params.catalog))
+def predict(catalog, frame: pd.DataFrame, device, prefix: str) -> pd.DataFrame:
+    """The prediction of each request's TTFT, TPOT and E2E (columns ``<prefix>_<metric>``): its routing score's time
+    (``route_s``), then the simulator's replica of its model on ``device``, reached when the score is known."""
     out = frame.copy()
     for model, rows in frame.groupby("model"):
         rows = rows.assign(at_s=rows["sent_s"] + rows["route_s"]).sort_values("at_s")
@@ -131,77 +144,86 @@ def predict(params, frame: pd.DataFrame, device) -> pd.DataFrame:
         result = replica_simulator(device, catalog.model(model)).run(requests)
         ttft = result.first_token_s - requests.arrival_s + rows["route_s"].to_numpy(float)
         e2e = result.finish_s - requests.arrival_s + rows["route_s"].to_numpy(float)
-        out.loc[rows.index, "pred_ttft"] = ttft
-        out.loc[rows.index, "pred_e2e"] = e2e
-        out.loc[rows.index, "pred_tpot"] = np.where(requests.output_len > 1,
-                                                    (e2e - ttft) / np.maximum(requests.output_len - 1, 1), np.nan)
+        out.loc[rows.index, f"{prefix}_ttft"] = ttft
+        out.loc[rows.index, f"{prefix}_e2e"] = e2e
+        out.loc[rows.index, f"{prefix}_tpot"] = np.where(requests.output_len > 1,
+                                                         (e2e - ttft) / np.maximum(requests.output_len - 1, 1), np.nan)
     return out
 
 
-def cells(frame: pd.DataFrame) -> pd.DataFrame:
-    """Measured and predicted P50 / P95 of each metric, per model and for the fleet."""
-    rows = []
-    for name, part in [*frame.groupby("model"), ("fleet", frame)]:
-        for metric in METRICS:
-            for q in (50, 95):
-                measured = float(np.nanpercentile(part[metric], q))
-                predicted = float(np.nanpercentile(part[f"pred_{metric}"], q))
-                rows.append({"who": name, "metric": metric, "q": q, "measured": measured, "predicted": predicted,
-                             "rel_err": abs(predicted - measured) / measured})
-    return pd.DataFrame(rows)
+def planned_p95(catalog, device, plan, params, count: int, cap: int) -> Callable[[float], float]:
+    """The simulator's P95 of all requests at a load, before anything is measured: the sweep's first trace, each
+    request sent to a model drawn by the plan's fractions (seeded), no routing time."""
+    frame = trace(params, count, 1.0, cap, 0)
+    shares = np.asarray([m.fraction for m in plan.models])
+    names = [m.model for m in plan.models]
+    frame["model"] = np.random.default_rng(0).choice(names, size=count, p=shares / shares.sum())
+    frame["tokens"], frame["route_s"] = frame["max_tokens"], 0.0
+
+    def p95(qps: float) -> float:
+        at = frame.assign(sent_s=frame["arrival_s"] / qps)
+        return float(np.percentile(predict(catalog, at, device, "raw")["raw_e2e"], 95))
+
+    return p95
+
+
+def measure_point(params, fleet, plan_dir: Path, frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """Replay ``frame`` through the fleet's coordinator: per request what the client saw (with each prompt's scoring
+    time and its wait in the scorer's queue), and the coordinator's own statistics."""
+    # timed beside the standing-by replicas, as profile_vllm times each replica beside the others
+    frame["score_s"] = routing_seconds(params, plan_dir / ROUTER_FILE, frame["prompt"].tolist())
+    results = asyncio.run(replay(fleet.coordinator_url, params.deploy.fleet_name, frame))
+    stats = httpx.get(f"{fleet.coordinator_url}/stats", timeout=30).json()
+    measured = pd.concat([frame[["prompt_len", "max_tokens", "score_s"]], pd.DataFrame(results)], axis=1)
+    measured["route_s"] = scorer_queue(measured["sent_s"].to_numpy(float), measured["score_s"].to_numpy(float))
+    return measured, stats
 
 
 def main() -> None:
     args, base = start(__doc__, {"--scenario": {"default": "qwen-local", "help": "Scenario whose plan to deploy."}})
     params = base.model_copy(update={"deploy": base.deploy.model_copy(update={"backend": "vllm"})})
     scenario = next(s for s in params.plan.scenarios if s.name == args.scenario)
-    count, qps, cap = 16 if args.quick else 48, scenario.load_qps, params.build_perf_db.vllm_max_output_len
+    count, cap = 20 if args.quick else 100, params.build_perf_db.vllm_max_output_len
     plan_dir = params.path(params.plan.output_dir) / scenario.name
     plan = read_plan(plan_dir / PLAN_FILE)
-    device = read_vllm_device(vllm_device_path(params))
-    frame = trace(params, count, qps, cap)
+    catalog = load_catalog(params.path(params.catalog))
+    device = device_of(params, "profile_vllm")
+    print(standing(device, read_calibration(calibration_path(params, "profile_vllm")), params.calibrate.max_age_h)
+          .line())
+    heavy = saturating_load(scenario.load_qps, planned_p95(catalog, device, plan, params, count, cap), 4.0, 64.0)
+    loads = geometric_loads(scenario.load_qps, heavy, LOADS)
+    print(f"loads {', '.join(f'{q:.3f}' for q in loads)} req/s ({count} requests each"
+          f"{', --quick: a P95 of 20 is their second slowest' if args.quick else ''}); answers capped at {cap} tokens")
+    prober = Prober(device, catalog, params.calibrate.repeats)
     fleet = start_local(params, plan, plan_dir / ROUTER_FILE, params.path(params.deploy.output_dir))
+    tables, at_plan = [], None
     try:
-        # timed beside the standing-by replicas, as profile_vllm times each replica beside the others
-        frame["score_s"] = routing_seconds(params, plan_dir / ROUTER_FILE, frame["prompt"].tolist())
-        results = asyncio.run(replay(fleet.coordinator_url, params.deploy.fleet_name, frame))
-        stats = httpx.get(f"{fleet.coordinator_url}/stats", timeout=30).json()
+        for point, qps in enumerate(loads):
+            frame = trace(params, count, qps, cap, point)
+            (measured, stats), drift, (before, after) = prober.around(lambda f=frame: measure_point(
+                params, fleet, plan_dir, f))
+            predicted = predict(catalog, measured, device, "raw")
+            predicted = predict(catalog, predicted, prober.corrected(drift), "cor").rename(columns={"model": "who"})
+            tables.append(cells(predicted, qps))
+            at_plan = predicted if point == 0 else at_plan
+            print(f"{stamp()} {qps:.3f} req/s done: drift before x{before.prefill:.3f}/x{before.decode:.3f}, after "
+                  f"x{after.prefill:.3f}/x{after.decode:.3f} (prefill/decode); coordinator own time P95 "
+                  f"{stats['overhead_ms_p95']:.1f} ms; routed {predicted['who'].value_counts().to_dict()}", flush=True)
     finally:
         fleet.stop()
-    scorer = stats["scorer"]
-    print(f"routing score alone: median {1000 * frame['score_s'].median():.1f} ms per prompt")
-    print(f"coordinator: own time P50 {stats['overhead_ms_p50']:.1f} ms, P95 {stats['overhead_ms_p95']:.1f} ms; "
-          f"routing score: {scorer['batches']} batches, model {1000 * scorer['model_seconds'] / scorer['batches']:.1f}"
-          f" ms per batch, wait {1000 * scorer['wait_seconds'] / scorer['requests']:.1f} ms per request")
-    measured = pd.concat([frame[["prompt_len", "max_tokens", "score_s"]], pd.DataFrame(results)], axis=1)
-    measured["route_s"] = scorer_queue(measured["sent_s"].to_numpy(float), measured["score_s"].to_numpy(float))
-    predicted = predict(params, measured, device)
-    table = cells(predicted)
-    planned = {m.model: m.fraction for m in plan.models}
-    print(f"{count} requests, Poisson {qps} req/s, answers capped at {cap} tokens; replicas {fleet.replica_urls}")
-    print(f"{'sent s':>8}{'model':>34}{'prompt':>8}{'tokens':>8}{'TTFT s':>8}{'pred':>7}{'TPOT s':>8}{'pred':>7}"
-          f"{'E2E s':>8}{'pred':>7}")
-    for r in predicted.sort_values("sent_s").itertuples():
-        print(f"{r.sent_s:>8.1f}{r.model:>34}{r.prompt_len:>8}{r.tokens:>8}{r.ttft:>8.3f}{r.pred_ttft:>7.3f}"
-              f"{r.tpot:>8.3f}{r.pred_tpot:>7.3f}{r.e2e:>8.2f}{r.pred_e2e:>7.2f}")
-    print(f"{'who':<36}{'metric':>7}{'q':>4}{'measured s':>12}{'predicted s':>13}{'rel err':>9}")
-    for row in table.itertuples():
-        print(f"{row.who:<36}{row.metric:>7}{row.q:>4}{row.measured:>12.3f}{row.predicted:>13.3f}{row.rel_err:>9.1%}")
-    print(f"{'model':<36}{'planned':>9}{'realised':>10}")
-    for model, share in planned.items():
-        print(f"{model:<36}{share:>9.3f}{(measured['model'] == model).mean():>10.3f}")
-    fleet_rows = table[table["who"] == "fleet"].set_index(["metric", "q"])
-    errors = {m: float(table[table["metric"] == m]["rel_err"].median()) for m in METRICS}
-    worst = float(table[(table["who"] != "fleet") & (table["metric"] == "e2e") & (table["q"] == 95)]["measured"].max())
+    table = pd.concat(tables, ignore_index=True)
+    print_table(table)
+    print(f"plot: {plot(table, 'fleet_vs_plan', f'{scenario.name} on vLLM CPU replicas', ['all'])}")
+    assert at_plan is not None
+    worst = max(float(np.percentile(rows["e2e"], 95)) for _, rows in at_plan.groupby("who"))
     promised = plan.predicted_p95_s
-    print(f"plan {scenario.name}: predicted P95 (worst model) {promised:.3f} s, measured {worst:.3f} s; "
-          f"all requests' P95 {fleet_rows.loc[('e2e', 95), 'measured']:.3f} s measured, "
-          f"{fleet_rows.loc[('e2e', 95), 'predicted']:.3f} s simulated on the realised routing")
-    for metric in METRICS:
-        print(f"{metric}: median relative error {errors[metric]:.1%} (target <= 15%, goal 10%)")
-    print(f"RESULT plan_p95_err={abs(promised - worst) / worst:.3f} ttft_err={errors['ttft']:.3f} "
-          f"tpot_err={errors['tpot']:.3f} e2e_p50_err={fleet_rows.loc[('e2e', 50), 'rel_err']:.3f} "
-          f"fleet_p95_s={worst:.3f} predicted_p95_s={promised:.3f}")
+    print(f"plan {scenario.name} at its load {scenario.load_qps} req/s: predicted P95 (worst model) {promised:.3f} s,"
+          f" measured {worst:.3f} s")
+    figures = {**summary(table, prober, ['all']), "plan_p95_err": abs(promised - worst) / worst}
+    print(f"raw: median {figures['sweep_median_err']:.1%}, max {figures['sweep_max_err']:.1%} over {len(table)} "
+          f"cells (target <= 10%, <= 25%); drift-corrected: median {figures['drift_corrected_median_err']:.1%}, max "
+          f"{figures['drift_corrected_max_err']:.1%}; largest drift {figures['drift_max']:+.1%}")
+    print("RESULT " + " ".join(f"{k}={v:.3f}" for k, v in figures.items()))
 
 
 if __name__ == "__main__":
