@@ -26,7 +26,8 @@ def on_one_type(problem: PlanProblem, gpu: str) -> Callable[[int, int], bool]:
     return ok
 
 
-def _even_gpus(problem: PlanProblem) -> Callable[[int, int], bool]:
+def even_gpus(problem: PlanProblem) -> Callable[[int, int], bool]:
+    """``allowed(model, candidate)``: the candidate uses at most ``1/K`` of the GPUs of each type (``K`` models)."""
     k = len(problem.models)
 
     def ok(model: int, cand: int) -> bool:
@@ -47,7 +48,7 @@ def baselines(problem: PlanProblem, min_quality: float, max_latency: float = flo
         out[f"single-{m}"] = best_under(fastest(problem, alone), max_latency, min_quality)
         homo = [p for g in gpus for p in fastest(problem, alone, on_one_type(problem, g))]
         out[f"single-{m}-homo"] = best_under(homo, max_latency, min_quality)
-    out["routellm-uniform"] = best_under(fastest(problem, grid, _even_gpus(problem)), max_latency, min_quality)
+    out["routellm-uniform"] = best_under(fastest(problem, grid, even_gpus(problem)), max_latency, min_quality)
     out["routellm-uniform-budget"] = best_under(fastest(problem, grid, share=1.0 / k), max_latency, min_quality)
     homo = [p for g in gpus for p in fastest(problem, grid, on_one_type(problem, g))]
     out["homogeneous"] = best_under(homo, max_latency, min_quality)

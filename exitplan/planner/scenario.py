@@ -20,6 +20,7 @@ from exitplan.catalog import Catalog
 from exitplan.config import PlanParams, PlanScenario
 from exitplan.errors import ExitplanError
 from exitplan.planner.plan_file import Baseline, GroupPlan, ModelPlan, Plan, write_plan
+from exitplan.planner.problem import PlanProblem
 from exitplan.routing.router_file import RoutingModel, dump_router
 from exitplan.routing.trainer import TrainedRouter
 
@@ -150,6 +151,18 @@ def _front_frame(mobo: list, truth: list, marks: dict[str, Any]) -> Any:
     return frame
 
 
+def scenario_problem(section: PlanParams, scenario: PlanScenario, db: Any, catalog: Catalog,
+                     routing: TrainedRouter) -> PlanProblem:
+    """The scenario's co-optimisation problem: deployment candidates per model from ``db`` (knapsack per model and
+    load share) within its GPUs and budget, with the router's quality function."""
+    from exitplan.planner.build import problem_from
+
+    prices = {g: catalog.gpu(g).price_per_hour for g in scenario.gpus}
+    return problem_from(db, prices, scenario.gpus, scenario.models, routing.quality, scenario.load_qps,
+                        scenario.budget_per_hour, section.metric, section.budget_points, scenario.max_p95_s,
+                        section.load_shares)
+
+
 def plan_scenario(section: PlanParams, scenario: PlanScenario, db: Any, catalog: Catalog, routing: TrainedRouter,
                   out: Path, reports: Path, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Optimise one scenario on ``db`` and write its plan, front, router (under ``out``) and plot (``reports``).
@@ -172,18 +185,14 @@ def plan_scenario(section: PlanParams, scenario: PlanScenario, db: Any, catalog:
             deployment within the GPUs and budget.
     """
     from exitplan.planner.baselines import baselines
-    from exitplan.planner.build import problem_from
     from exitplan.planner.mobo import optimise
     from exitplan.planner.problem import best_under
     from exitplan.planner.search import exhaustive
 
     say = progress or (lambda _line: None)
     started = time.perf_counter()
-    prices = {g: catalog.gpu(g).price_per_hour for g in scenario.gpus}
     say("deployment candidates (knapsack per model and load share)")
-    problem = problem_from(db, prices, scenario.gpus, scenario.models, routing.quality,
-                           scenario.load_qps, scenario.budget_per_hour, section.metric, section.budget_points,
-                           scenario.max_p95_s, section.load_shares)
+    problem = scenario_problem(section, scenario, db, catalog, routing)
     say(f"MOBO, {section.evaluations} evaluations")
     mobo = optimise(problem, section.evaluations, section.initial, section.batch, section.seed, beta=section.beta,
                     max_latency=scenario.max_p95_s, min_quality=scenario.min_quality or None,
