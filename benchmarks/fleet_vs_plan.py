@@ -36,6 +36,7 @@ drift_max=... plan_p95_err=... heavy_over_light=...`` (target: median <= 10%, ma
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -80,18 +81,24 @@ async def replay(url: str, model: str, frame: pd.DataFrame) -> list[dict]:
             await asyncio.sleep(max(0.0, row.arrival_s - (time.perf_counter() - began)))
             sent = time.perf_counter()
             body = {"model": model, "prompt": row.prompt, "max_tokens": int(row.max_tokens), "temperature": 0,
-                    "stream": True}
-            events = []
+                    "stream": True, "stream_options": {"include_usage": True}}
+            events, tokens = [], 0
             async with client.stream("POST", f"{url}/v1/completions", json=body) as reply:
                 reply.raise_for_status()
                 served_by = reply.headers["x-exitplan-model"]
                 async for line in reply.aiter_lines():
-                    if line.startswith("data: {") and '"choices":[{' in line.replace(" ", ""):
+                    if not line.startswith("data: {"):
+                        continue
+                    chunk = json.loads(line[len("data: "):])
+                    if chunk.get("choices"):
                         events.append(time.perf_counter())
-            tokens = len(events)
-            return {"model": served_by, "sent_s": sent - began, "tokens": tokens, "ttft": events[0] - sent,
-                    "e2e": events[-1] - sent, "tpot": (events[-1] - events[0]) / (tokens - 1) if tokens > 1 else
-                    float("nan")}
+                    if chunk.get("usage"):
+                        tokens = int(chunk["usage"]["completion_tokens"])
+            # the server's token count: an event may carry several tokens (vLLM's API server merges them when it
+            # lags behind its engine), so counting events would undercount the tokens and overstate TPOT
+            return {"model": served_by, "sent_s": sent - began, "tokens": tokens, "events": len(events),
+                    "ttft": events[0] - sent, "e2e": events[-1] - sent,
+                    "tpot": (events[-1] - events[0]) / (tokens - 1) if tokens > 1 else float("nan")}
 
         return list(await asyncio.gather(*(one(r) for r in frame.itertuples())))
 
@@ -208,7 +215,9 @@ def main() -> None:
             at_plan = predicted if point == 0 else at_plan
             print(f"{stamp()} {qps:.3f} req/s done: drift before x{before.prefill:.3f}/x{before.decode:.3f}, after "
                   f"x{after.prefill:.3f}/x{after.decode:.3f} (prefill/decode); coordinator own time P95 "
-                  f"{stats['overhead_ms_p95']:.1f} ms; routed {predicted['who'].value_counts().to_dict()}", flush=True)
+                  f"{stats['overhead_ms_p95']:.1f} ms; routed {predicted['who'].value_counts().to_dict()}; "
+                  f"{(predicted['events'] < predicted['tokens']).mean():.0%} of streams sent fewer events than tokens "
+                  f"({predicted['events'].sum()} events, {predicted['tokens'].sum()} tokens)", flush=True)
     finally:
         fleet.stop()
     table = pd.concat(tables, ignore_index=True)

@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exitplan.engine.request import Request
 from serving.guard import DEFAULT_MAX_BODY_BYTES, Drain, Guard
-from serving.openai_schema import ChatRequest, CompletionRequest, completion, error_body, new_id
+from serving.openai_schema import ChatRequest, CompletionRequest, completion, error_body, new_id, usage_chunk
 from serving.worker import EngineWorker, Failure, QueueFull, ShuttingDown
 
 T = TypeVar("T")
@@ -226,7 +226,7 @@ class EngineApi:
         queue = self.submit(request)
         rid = new_id("chatcmpl" if chat else "cmpl")
         if body.stream:
-            return StreamingResponse(self._stream(rid, body.model, request, queue, chat),
+            return StreamingResponse(self._stream(rid, body.model, request, queue, chat, body.include_usage),
                                      media_type="text/event-stream")
         try:
             finish = await unless_disconnected(http, self._whole(request, queue))
@@ -252,7 +252,7 @@ class EngineApi:
         return finish
 
     async def _stream(self, rid: str, model: str, request: Request, queue: asyncio.Queue,
-                      chat: bool) -> AsyncIterator[str]:
+                      chat: bool, include_usage: bool = False) -> AsyncIterator[str]:
         sent = ""
         try:
             async for kind, value in self.events(request, queue):
@@ -268,6 +268,8 @@ class EngineApi:
                     finish = "length" if value == "length" else "stop"
                     yield sse(completion(rid, model, text[len(sent):], finish, chat,
                                          (len(request.prompt), len(request.output)), chunk=True))
+                    if include_usage:
+                        yield sse(usage_chunk(rid, model, chat, (len(request.prompt), len(request.output))))
         except TimeoutError:
             yield sse(error_body(f"request timed out after {self.settings.request_timeout_s} s", "server_error",
                                  "timeout"))

@@ -15,6 +15,17 @@ MAX_SEED = 2**64 - 1
 """Largest ``seed``: what ``torch.Generator.manual_seed`` accepts (beyond it torch raises, which was a 500)."""
 
 
+class StreamOptions(BaseModel):
+    """``stream_options`` of a streamed request."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+    """End the stream with one more chunk, its ``choices`` empty, whose ``usage`` counts the tokens (OpenAI's: a
+    client counting events undercounts tokens when a server sends several in one event, as vLLM's does when its
+    API server lags behind its engine)."""
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
@@ -24,6 +35,12 @@ class _Request(BaseModel):
     stream: bool = False
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     user: str | None = None
+    stream_options: StreamOptions | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk."""
+        return self.stream and self.stream_options is not None and self.stream_options.include_usage
 
 
 class CompletionRequest(_Request):
@@ -66,6 +83,12 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     """The usage block."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
+
+
+def usage_chunk(rid: str, model: str, chat: bool, tokens: tuple[int, int]) -> dict[str, Any]:
+    """The last chunk of a stream that asked for ``stream_options.include_usage``: no choices, the usage."""
+    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
+            "model": model, "choices": [], "usage": usage(*tokens)}
 
 
 def completion(rid: str, model: str, text: str, finish: str | None, chat: bool,

@@ -80,14 +80,16 @@ def measure(model: Any, batch_sizes: Sequence[int], contexts: Sequence[int], pre
 
 
 def device_entry(device_id: str, flops_per_s: float, bytes_per_s: float, memory_gib: float,
-                 price_per_hour: float, source: str, memory_scale: dict[int, float] | None = None) -> Gpu:
+                 price_per_hour: float, source: str, memory_scale: dict[int, float] | None = None,
+                 overlap: bool = True) -> Gpu:
     """A catalog GPU entry for a fitted device (its peaks are the effective values: efficiency 1; the bandwidth is
-    that of the largest decode batch measured, ``memory_scale`` gives it at smaller ones)."""
+    that of the largest decode batch measured, ``memory_scale`` gives it at smaller ones; ``overlap``: whether a
+    step costs the larger of compute and memory time or their sum)."""
     return Gpu(id=device_id, name=f"local device ({device_id})", bf16_tflops=flops_per_s / 1e12,
                hbm_bandwidth_gbps=bytes_per_s / 1e9, memory_gib=memory_gib,
                link=Link(kind="pcie", bandwidth_gbps=1.0, latency_us=10.0), gpus_per_node=1,
                price_per_hour=price_per_hour, efficiency=Efficiency(compute=1.0, memory=1.0, link=1.0, source=source,
-                                                                    memory_scale=memory_scale))
+                                                                    memory_scale=memory_scale, overlap=overlap))
 
 
 def _predict(row: dict[str, Any], cost: CostModel) -> float:
@@ -110,9 +112,13 @@ def predict(rows: Sequence[dict[str, Any]], model: Model, device: Gpu, step_over
 
 def fit_device(rows: Sequence[dict[str, Any]], models: dict[str, Model], device_id: str, memory_gib: float,
                price_per_hour: float) -> tuple[Gpu, float, float, dict[str, float]]:
-    """Fit effective FLOP/s, bytes/s, per-step and per-sequence overheads, and the bandwidth multiplier at each
-    smaller decode batch (``Efficiency.memory_scale``; the largest batch measured is 1) to measured step times (all
-    models).
+    """Fit the cost model to measured step times (all models), in both of its forms, and keep the better fit.
+
+    The forms: the roofline (a step costs the larger of compute and memory time; effective FLOP/s, bytes/s, per-step
+    and per-sequence overheads, and the bandwidth multiplier at each smaller decode batch,
+    ``Efficiency.memory_scale``, the largest batch measured being 1), and the sum (compute and memory time added, as
+    a CPU core that streams the weights through its own FMA units does; the same four numbers, no multipliers).
+    The better is the one with the smaller root-mean-square log error.
 
     Args:
         rows: Measured points, each with a ``model`` key naming an entry of ``models``.
@@ -123,30 +129,45 @@ def fit_device(rows: Sequence[dict[str, Any]], models: dict[str, Model], device_
 
     Returns:
         The device entry, the per-step and per-sequence overheads (seconds), and fit errors (median and max
-        relative error).
+        relative error of the kept form, the max of each form, and ``overlap``: 1 for the roofline, 0 for the sum).
     """
+    fits = {overlap: _fit_form(rows, models, device_id, memory_gib, price_per_hour, overlap)
+            for overlap in (True, False)}
+    overlap = min(fits, key=lambda o: fits[o][3])
+    device, step, seq, _, errors = fits[overlap]
+    form = "roofline (max)" if overlap else "sum of compute and memory time"
+    source = (f"fitted by profile_device to {len(rows)} measured step times as a {form} (median error "
+              f"{np.median(errors):.1%}, max {errors.max():.1%}; the {'sum' if overlap else 'roofline'} fitted "
+              f"max {fits[not overlap][4].max():.1%})")
+    device = device.model_copy(update={"efficiency": device.efficiency.model_copy(update={"source": source})})
+    return device, step, seq, {"median_rel_err": float(np.median(errors)), "max_rel_err": float(errors.max()),
+                               "roofline_max_rel_err": float(fits[True][4].max()),
+                               "sum_max_rel_err": float(fits[False][4].max()), "overlap": float(overlap)}
+
+
+def _fit_form(rows: Sequence[dict[str, Any]], models: dict[str, Model], device_id: str, memory_gib: float,
+              price_per_hour: float, overlap: bool) -> tuple[Gpu, float, float, float, np.ndarray]:
+    """One form's least-squares fit in log space: the entry, the two overheads, the RMS log error and the relative
+    error of each row."""
     from scipy.optimize import least_squares
 
     measured = np.asarray([r["seconds"] for r in rows])
     decode = sorted({int(r["batch"]) for r in rows if r["kind"] == "decode"})
-    sizes = decode[:-1]  # the largest decode batch is the reference (multiplier 1)
+    sizes = decode[:-1] if overlap else []  # the largest decode batch is the reference (multiplier 1)
 
-    def entry(x: np.ndarray, source: str) -> Gpu:
+    def entry(x: np.ndarray) -> Gpu:
         scale = {**dict(zip(sizes, np.exp(x[4:]).tolist(), strict=True)), decode[-1]: 1.0} if sizes else None
         flops, bandwidth = np.exp(x[:2])
-        return device_entry(device_id, flops, bandwidth, memory_gib, price_per_hour, source, scale)
+        return device_entry(device_id, flops, bandwidth, memory_gib, price_per_hour, "fit", scale, overlap)
 
     def residual(x: np.ndarray) -> np.ndarray:
-        device, (step, seq) = entry(x, "fit"), np.exp(x[2:4])
+        device, (step, seq) = entry(x), np.exp(x[2:4])
         pred = np.concatenate([predict([r], models[r["model"]], device, step, seq) for r in rows])
         return np.log(pred) - np.log(measured)
 
     start = np.log([5e10, 1e10, 1e-3, 1e-3, *[1.0] * len(sizes)])
     low, high = np.log([1e8, 1e8, 1e-6, 1e-7, *[0.1] * len(sizes)]), np.log([1e15, 1e13, 1.0, 1.0, *[10] * len(sizes)])
     fit = least_squares(residual, start, bounds=(low, high))
-    errors = np.abs(np.exp(residual(fit.x)) - 1)
-    source = (f"fitted by profile_device to {len(rows)} measured step times (median error {np.median(errors):.1%}, "
-              f"max {errors.max():.1%})")
+    logs = residual(fit.x)
     step, seq = np.exp(fit.x[2:4])
-    return entry(fit.x, source), float(step), float(seq), {"median_rel_err": float(np.median(errors)),
-                                                            "max_rel_err": float(errors.max())}
+    return entry(fit.x), float(step), float(seq), float(np.sqrt(np.mean(logs**2))), np.abs(np.exp(logs) - 1)

@@ -1,7 +1,8 @@
 """Step times of one replica from the GPU's specs: a roofline of compute and memory, plus TP and PP communication.
 
 Prefill is compute-bound (FLOPs / effective TFLOPS), decode memory-bound (weight bytes + KV bytes read / effective
-bandwidth); a step costs the larger of the two (the roofline). Tensor parallelism splits both over ``tp`` GPUs and
+bandwidth); a step costs the larger of the two (the roofline), or their sum on a device that does not overlap them
+(``Efficiency.overlap``: a fitted CPU core). Tensor parallelism splits both over ``tp`` GPUs and
 adds two all-reduces of the activations per layer (``comm``: vLLM's custom all-reduce or NCCL's ring, from the
 GPU's link); pipeline parallelism splits layers over ``pp`` stages that a
 token crosses one after another, with a send between stages (no micro-batch overlap: PP buys memory, not speed).
@@ -106,6 +107,7 @@ class CostModel:
     _c: dict[str, float] = field(init=False, repr=False, compare=False)
     _scale: tuple[np.ndarray, np.ndarray] | None = field(init=False, repr=False, compare=False)
     _link: Interconnect = field(init=False, repr=False, compare=False)
+    _overlap: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         s, m, g = self.spec, self.spec.model, self.spec.gpu
@@ -129,6 +131,7 @@ class CostModel:
             "layers": float(layers),
         })
         object.__setattr__(self, "_link", Interconnect.of(g))
+        object.__setattr__(self, "_overlap", g.efficiency.overlap)  # the roofline's max, else the sum
         scale = sorted((g.efficiency.memory_scale or {}).items())
         object.__setattr__(self, "_scale", (np.asarray([k for k, _ in scale], float),
                                             np.asarray([v for _, v in scale], float)) if scale else None)
@@ -158,7 +161,8 @@ class CostModel:
         flops = new_tokens * c["layer_flops"] + sampled * c["head_flops"] + attn_pairs * c["attn_flops"]
         memory = c["weight_bytes"] + (c["head_bytes"] if sampled > 0 else 0.0)
         memory += (kv_tokens_read + new_tokens) * c["kv_bytes"]
-        roofline = max(flops / c["flops_per_s"], memory / float(self._bandwidth(new_tokens)))
+        compute, traffic = flops / c["flops_per_s"], memory / float(self._bandwidth(new_tokens))
+        roofline = max(compute, traffic) if self._overlap else compute + traffic
         return roofline + float(self.comm_time(new_tokens)) + self.step_overhead_s + sampled * self.seq_overhead_s
 
     def step_times(self, new_tokens: np.ndarray, attn_pairs: np.ndarray, kv_tokens_read: np.ndarray,
@@ -168,7 +172,8 @@ class CostModel:
         flops = new_tokens * c["layer_flops"] + sampled * c["head_flops"] + attn_pairs * c["attn_flops"]
         head_bytes = np.where(sampled > 0, c["head_bytes"], 0.0)
         memory = c["weight_bytes"] + head_bytes + (kv_tokens_read + new_tokens) * c["kv_bytes"]
-        roofline = np.maximum(flops / c["flops_per_s"], memory / self._bandwidth(new_tokens))
+        compute, traffic = flops / c["flops_per_s"], memory / self._bandwidth(new_tokens)
+        roofline = np.maximum(compute, traffic) if self._overlap else compute + traffic
         return roofline + self.comm_time(new_tokens) + self.step_overhead_s + sampled * self.seq_overhead_s
 
     def decode_times(self, num_seqs: int, context_sum: float, steps: int) -> np.ndarray:

@@ -74,6 +74,18 @@ def test_streaming_through_the_coordinator(fleet) -> None:
     assert "".join(c.choices[0].delta.content or "" for c in chunks)
 
 
+def test_a_stream_that_asks_for_usage_ends_with_its_token_count(fleet) -> None:
+    url, _ = fleet
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    plain = list(client.completions.create(model="exitplan", prompt="Count: one two", max_tokens=6, stream=True))
+    chunks = list(client.completions.create(model="exitplan", prompt="Count: one two", max_tokens=6, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert len(chunks) == len(plain) + 1 and all(c.usage is None or c.choices for c in plain)
+    last = chunks[-1]
+    assert last.choices == [] and 1 <= last.usage.completion_tokens <= 6
+    assert last.usage.completion_tokens == chunks[-2].usage.completion_tokens  # the engine's own count
+
+
 def test_a_full_coordinator_returns_429(smollm2_checkpoint: Path) -> None:
     with serve(engine_app(smollm2_checkpoint, SMALL, max_num_seqs=1)) as s1:
         coord = coordinator({SMALL: [(s1, 1.0)], LARGE: [(s1, 1.0)]}, max_in_flight=2)

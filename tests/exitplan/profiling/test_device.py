@@ -20,13 +20,32 @@ def test_fit_recovers_the_device_that_made_the_times(catalog) -> None:
     for row, seconds in zip(rows, predict(rows, model, truth, 2e-3, 5e-4), strict=True):
         row["seconds"] = float(seconds)
     device, step, seq, errors = fit_device(rows, {QWEN: model}, "cpu", 24, 0.1)
-    assert errors["max_rel_err"] < 0.01
+    assert errors["max_rel_err"] < 0.01 and device.efficiency.overlap and errors["overlap"] == 1.0
     assert device.bf16_tflops == pytest.approx(0.2, rel=0.05)
     assert device.hbm_bandwidth_gbps == pytest.approx(15, rel=0.05)
     assert step == pytest.approx(2e-3, rel=0.2) and seq == pytest.approx(5e-4, rel=0.2)
     fitted = device.efficiency.memory_scale
     assert fitted[16] == 1.0 and all(fitted[b] == pytest.approx(scale[b], rel=0.05) for b in (1, 2, 4))
     assert "fitted by profile_device" in device.efficiency.source
+
+
+def test_fit_keeps_the_sum_form_for_times_made_by_a_device_that_does_not_overlap(catalog) -> None:
+    model = catalog.model(QWEN).model_copy(update={"dtype_bytes": 4})
+    truth = device_entry("cpu", 8e10, 2e10, 24, 0.1, "truth", overlap=False)
+    rows = [{"model": QWEN, "kind": "decode", "layers": 24, "batch": b, "context": c, "new_tokens": b}
+            for b in (1, 4, 8, 16) for c in (64, 256)]
+    rows += [{"model": QWEN, "kind": "prefill", "layers": 24, "batch": 1, "context": 0, "new_tokens": n}
+             for n in (32, 128, 512)]
+    for row, seconds in zip(rows, predict(rows, model, truth, 7e-3, 1.5e-3), strict=True):
+        row["seconds"] = float(seconds)
+    device, step, seq, errors = fit_device(rows, {QWEN: model}, "cpu", 24, 0.1)
+    assert device.efficiency.overlap is False and errors["overlap"] == 0.0
+    assert device.efficiency.memory_scale is None
+    assert errors["max_rel_err"] < 1e-3 and errors["max_rel_err"] < errors["roofline_max_rel_err"]
+    assert device.bf16_tflops == pytest.approx(0.08, rel=0.05)
+    assert device.hbm_bandwidth_gbps == pytest.approx(20, rel=0.05)
+    assert step == pytest.approx(7e-3, rel=0.1) and seq == pytest.approx(1.5e-3, rel=0.2)
+    assert "sum of compute and memory time" in device.efficiency.source
 
 
 def test_measure_times_decode_and_prefill_with_the_runner(tiny_llama, tmp_path) -> None:

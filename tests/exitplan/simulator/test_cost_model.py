@@ -1,4 +1,4 @@
-"""The cost model's size-dependent memory bandwidth (``Efficiency.memory_scale``)."""
+"""The cost model: size-dependent memory bandwidth (``Efficiency.memory_scale``), roofline or sum (``overlap``)."""
 
 from __future__ import annotations
 
@@ -35,3 +35,18 @@ def test_memory_scale_speeds_up_small_decode_steps_only(catalog: Catalog) -> Non
 def test_bad_memory_scales_are_refused(scale: dict[int, float]) -> None:
     with pytest.raises(ValidationError, match="memory_scale"):
         Efficiency(compute=0.5, memory=0.5, link=0.5, source="test", memory_scale=scale)
+
+
+def test_a_device_that_does_not_overlap_pays_compute_plus_memory(catalog: Catalog) -> None:
+    gpu = catalog.gpu("rtx-4090")
+    spec = ReplicaSpec(catalog.model(MODEL), gpu)
+    serial = gpu.model_copy(update={"efficiency": gpu.efficiency.model_copy(update={"overlap": False})})
+    roofline, summed = CostModel(spec, 0.0), CostModel(ReplicaSpec(catalog.model(MODEL), serial), 0.0)
+    c = roofline._c
+    for tokens in (1.0, 64.0, 2048.0):  # memory-bound, balanced, compute-bound
+        compute = (tokens * c["layer_flops"] + c["head_flops"] + tokens * c["attn_flops"]) / c["flops_per_s"]
+        memory = (c["weight_bytes"] + c["head_bytes"] + 2 * tokens * c["kv_bytes"]) / c["bytes_per_s"]
+        assert roofline.step_time(tokens, tokens, tokens, 1) == pytest.approx(max(compute, memory))
+        assert summed.step_time(tokens, tokens, tokens, 1) == pytest.approx(compute + memory)
+        assert summed.step_times(np.array([tokens]), np.array([tokens]), np.array([tokens]),
+                                 np.array([1.0]))[0] == pytest.approx(compute + memory)
