@@ -45,7 +45,7 @@ import httpx
 import numpy as np
 import pandas as pd
 from common import start
-from sweep import Prober, cells, geometric_loads, plot, print_table, saturating_load, stamp, summary
+from sweep import Prober, cells, geometric_loads, plot, print_table, saturating_load, save_requests, stamp, summary
 
 from exitplan.artifacts import PLAN_FILE, ROUTER_FILE, calibration_path, queries_path
 from exitplan.catalog import load_catalog
@@ -203,7 +203,7 @@ def main() -> None:
           f"{', --quick: a P95 of 20 is their second slowest' if args.quick else ''}); answers capped at {cap} tokens")
     prober = Prober(device, catalog, params.calibrate.repeats)
     fleet = start_local(params, plan, plan_dir / ROUTER_FILE, params.path(params.deploy.output_dir))
-    tables, at_plan = [], None
+    tables, frames, at_plan = [], [], None
     try:
         for point, qps in enumerate(loads):
             frame = trace(params, count, qps, cap, point)
@@ -212,6 +212,7 @@ def main() -> None:
             predicted = predict(catalog, measured, device, "raw")
             predicted = predict(catalog, predicted, prober.corrected(drift), "cor").rename(columns={"model": "who"})
             tables.append(cells(predicted, qps))
+            frames.append(predicted.assign(qps=qps, drift_prefill=drift.prefill, drift_decode=drift.decode))
             at_plan = predicted if point == 0 else at_plan
             print(f"{stamp()} {qps:.3f} req/s done: drift before x{before.prefill:.3f}/x{before.decode:.3f}, after "
                   f"x{after.prefill:.3f}/x{after.decode:.3f} (prefill/decode); coordinator own time P95 "
@@ -222,6 +223,7 @@ def main() -> None:
         fleet.stop()
     table = pd.concat(tables, ignore_index=True)
     print_table(table)
+    print(f"requests: {save_requests(frames, 'fleet_vs_plan')}")
     print(f"plot: {plot(table, 'fleet_vs_plan', f'{scenario.name} on vLLM CPU replicas', ['all'])}")
     assert at_plan is not None
     worst = max(float(np.percentile(rows["e2e"], 95)) for _, rows in at_plan.groupby("who"))

@@ -136,6 +136,15 @@ def plot(table: pd.DataFrame, name: str, title: str, whos: list[str]) -> Path:
     return path
 
 
+def save_requests(frames: list[pd.DataFrame], name: str) -> Path:
+    """Every measured request with its predictions (the sweep's raw data, for re-analysis):
+    ``benchmarks/out/<name>_requests.csv``."""
+    OUT.mkdir(exist_ok=True)
+    path = OUT / f"{name}_requests.csv"
+    pd.concat(frames, ignore_index=True).drop(columns=["prompt"], errors="ignore").to_csv(path, index=False)
+    return path
+
+
 def summary(table: pd.DataFrame, prober: Prober, whos: list[str]) -> dict[str, float]:
     """The sweep's figures: median and max raw error over every cell, the corrected median, the largest drift, and
     the smallest ratio over ``whos`` of the heaviest point's measured E2E P95 to the lightest's
