@@ -6,7 +6,8 @@ qwen-local/plan.json``: its models, routing fractions, routing model and predict
 path (:func:`exitplan.deploy.start_local` with ``deploy.backend: vllm``) starts one vLLM CPU replica per plan model this
 machine holds (one core each) and the coordinator in front, on loopback, once for the whole sweep. At each load a
 real trace is replayed through the coordinator: workload prompts (``queries.parquet``, their text and token counts;
-other prompts at every load, so vLLM's prefix cache never holds one from an earlier point) at Poisson arrivals, each
+the same prompts at every load, each opened by a line naming the load, so vLLM's prefix cache never holds one from
+an earlier point) at Poisson arrivals, each
 streamed with ``max_tokens`` = its reference answer's length cut at ``build_perf_db.vllm_max_output_len`` (as the
 plan's perf DB cut them); the client records TTFT, TPOT and end-to-end latency, and which model the coordinator
 routed it to.
@@ -62,10 +63,22 @@ LOADS = 4
 
 
 def trace(params, count: int, qps: float, cap: int, point: int) -> pd.DataFrame:
-    """The ``point``-th set of ``count`` workload queries (no query in two sets) at Poisson arrivals of rate ``qps``
-    (seeded), answers capped at ``cap``."""
+    """The same ``count`` workload queries at every ``point``, each prompt opened by a line naming the point (so
+    vLLM's prefix cache, whose block hashes chain from the first token, holds nothing of an earlier point), at Poisson
+    arrivals of rate ``qps`` (seeded by the point), answers capped at ``cap``; ``prompt_len`` counts the opened prompt
+    with the workload's tokenizer.
+
+    Every load serves the same prompt and answer lengths, so the sweep's latencies differ by load alone. With other
+    prompts per point (until 2026-12-04) the prompts' mean length went 166 / 493 / 406 / 327 tokens over the four
+    points, and at 0.4 req/s one 2,551-token prefill on the 1.5B held its next three requests about 50 s: that
+    point's P95 (72 s) came out twice the heaviest's (37 s)."""
+    from exitplan.stages.prepare_workload import load_tokenizer
+    from exitplan.workload.trace import count_tokens
+
     queries = pd.read_parquet(queries_path(params)).sample(frac=1.0, random_state=0)
-    picked = queries.iloc[point * count:(point + 1) * count].reset_index(drop=True)
+    picked = queries.iloc[:count].reset_index(drop=True)
+    picked["prompt"] = f"Request set {point}.\n" + picked["prompt"]
+    picked["prompt_len"] = count_tokens(load_tokenizer(params), picked["prompt"].tolist())
     rng = np.random.default_rng(point)
     picked["arrival_s"] = np.cumsum(rng.exponential(1 / qps, size=count))
     picked["max_tokens"] = picked["output_len"].clip(lower=2, upper=cap).astype(int)
