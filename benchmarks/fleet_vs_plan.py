@@ -68,10 +68,9 @@ def trace(params, count: int, qps: float, cap: int, point: int) -> pd.DataFrame:
     arrivals of rate ``qps`` (seeded by the point), answers capped at ``cap``; ``prompt_len`` counts the opened prompt
     with the workload's tokenizer.
 
-    Every load serves the same prompt and answer lengths, so the sweep's latencies differ by load alone. With other
-    prompts per point (until 2026-12-04) the prompts' mean length went 166 / 493 / 406 / 327 tokens over the four
-    points, and at 0.4 req/s one 2,551-token prefill on the 1.5B held its next three requests about 50 s: that
-    point's P95 (72 s) came out twice the heaviest's (37 s)."""
+    Every load serves the same prompt and answer lengths, so the sweep's latencies differ by load alone (with other
+    prompts per point, the prompt mix moved a point's P95 more than its load did: ``docs/measurements.md``,
+    2026-12-04)."""
     from exitplan.stages.prepare_workload import load_tokenizer
     from exitplan.workload.trace import count_tokens
 
