@@ -61,6 +61,13 @@ class RuntimeParams(StrictModel):
     forward of 256 tokens was 1.5x faster (9.4 s -> 6.1 s) and a batch-8 decode step 1.2x. profile_device keeps one
     thread on purpose: it calibrates the simulator for the engine as the benchmarks run it."""
 
+    parallel_stages: int = Field(default=2, ge=1, le=256)
+    """How many pipeline stages the ``plan_fleet`` flow runs at once where dvc.yaml's DAG allows (each its own
+    ``dvc repro``; ``exitplan.stage_schedule``). The stages that time the engines, and build_perf_db, still run
+    alone (``SOLO_STAGES`` in ``exitplan.runtime``); a model stage run beside others takes ``model_threads //
+    parallel_stages`` torch threads (at least one). 1: one stage after the other. Memory: the two largest model
+    stages side by side (train_exits of the 1.5B and label_quality) must fit."""
+
     preload_tcmalloc: bool = True
     """Run those stages with tcmalloc preloaded (``exitplan.runtime.TCMALLOC``, where installed; the process
     re-executes itself once with ``LD_PRELOAD``). glibc hands every allocation over 32 MB back to the kernel when

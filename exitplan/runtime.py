@@ -11,9 +11,20 @@ import sys
 from pathlib import Path
 
 from exitplan.config import Params
+from exitplan.errors import ConfigError
 
 MODEL_STAGES = frozenset({"train_exits", "exit_profile", "label_quality", "online_profile", "gate"})
 """Stages that run the real models, and so take ``runtime.model_threads`` torch threads."""
+
+
+SOLO_STAGES = frozenset({"profile_vllm", "build_perf_db", "profile_device", "online_profile", "gate"})
+"""Stages that run with no other stage beside them (:class:`exitplan.stage_schedule.StageScheduler`): the four
+that time the engines (a stage beside them would share the cores and the memory bandwidth they measure), and
+build_perf_db, whose Dask sweep already takes one worker per core."""
+
+THREADS_ENV = "EXITPLAN_MODEL_THREADS"
+"""Set by the pipeline flow for a model stage it runs beside another: that stage's torch threads, in place of
+``runtime.model_threads``, so that the stages side by side never ask for more threads than the machine has cores."""
 
 
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
@@ -34,15 +45,33 @@ def preload_tcmalloc(params: Params, stage: str) -> None:
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
 
+def stage_threads(params: Params) -> int:
+    """The torch threads a model stage asks for: ``$EXITPLAN_MODEL_THREADS`` if set, else ``runtime.model_threads``.
+
+    Raises:
+        ConfigError: if the variable is set to anything but a positive whole number.
+    """
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if not raw:
+        return params.runtime.model_threads
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError("environment", [f"{THREADS_ENV}: must be a positive whole number, got {raw!r}"])
+    return int(raw)
+
+
 def use_model_threads(params: Params, stage: str) -> int:
-    """Give ``stage`` its torch threads: ``runtime.model_threads`` for a model stage, else leave them alone.
+    """Give ``stage`` its torch threads: ``$EXITPLAN_MODEL_THREADS`` (:data:`THREADS_ENV`) if the flow set it, else
+    ``runtime.model_threads``, for a model stage; other stages are left alone.
 
     Returns:
         The torch threads in use afterwards.
     """
     import torch
 
-    if stage in MODEL_STAGES and torch.get_num_threads() != params.runtime.model_threads:
-        torch.set_num_threads(params.runtime.model_threads)
+    if stage not in MODEL_STAGES:
+        return torch.get_num_threads()
+    wanted = stage_threads(params)
+    if torch.get_num_threads() != wanted:
+        torch.set_num_threads(wanted)
     return torch.get_num_threads()
 

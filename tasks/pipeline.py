@@ -7,7 +7,7 @@ from pathlib import Path
 from prefect import task
 
 from exitplan.config import Params, load_params
-from exitplan.pipeline import ReproResult, push, repro, stage_names
+from exitplan.pipeline import ReproResult, push, repro, stage_graph
 
 
 @task(name="check-config")
@@ -16,17 +16,20 @@ def check_config(params_path: Path) -> Params:
     return load_params(params_path)
 
 
-@task(name="list-stages")
-def list_stages(root: Path) -> list[str]:
-    """The stages of dvc.yaml, in its order (the flow runs each through ``dvc repro``)."""
-    return stage_names(root)
+
+
+@task(name="stage-graph")
+def list_stage_graph(root: Path) -> dict[str, list[str]]:
+    """Every stage (one per ``foreach`` item) with the stages it depends on, in dvc.yaml's order."""
+    return stage_graph(root)
 
 
 @task(name="dvc-repro")
-def repro_stage(target: str, root: Path) -> ReproResult:
-    """``dvc repro <target>``: runs the stage only if DVC finds it stale. No retries: a stage that failed fails the
+def repro_stage(target: str, root: Path, threads: int | None = None, single: bool = False) -> ReproResult:
+    """``dvc repro <target>``: runs the stage (and its stale upstream stages, unless ``single``) only if DVC finds
+    it stale (a model stage with ``threads`` torch threads, when given). No retries: a stage that failed fails the
     same way again (and a concurrent run of the checkout waits on its lock instead of failing)."""
-    return repro(target, root)
+    return repro(target, root, threads, single)
 
 
 @task(name="summarize")

@@ -10,7 +10,8 @@ import yaml
 
 from exitplan import REPO_ROOT
 from exitplan.config import load_params
-from exitplan.runtime import MODEL_STAGES, use_model_threads
+from exitplan.errors import ConfigError
+from exitplan.runtime import MODEL_STAGES, THREADS_ENV, use_model_threads
 
 
 @pytest.fixture
@@ -63,3 +64,16 @@ def test_a_model_stage_re_executes_itself_once_with_tcmalloc(params_file: Path, 
     runtime.preload_tcmalloc(params.model_copy(update={"runtime": params.runtime.model_copy(
         update={"preload_tcmalloc": False})}), "gate")
     assert len(calls) == 1
+
+
+def test_the_flow_can_give_a_stage_fewer_threads_and_a_bad_count_is_named(
+        params_file: Path, restore_threads: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    params = load_params(params_file)
+    monkeypatch.setenv(THREADS_ENV, "1")  # a stage the flow runs beside another
+    assert use_model_threads(params, "train_exits") == 1
+    monkeypatch.setenv(THREADS_ENV, "")
+    assert use_model_threads(params, "train_exits") == 2
+    for bad in ("0", "two", "-1", "1.5"):
+        monkeypatch.setenv(THREADS_ENV, bad)
+        with pytest.raises(ConfigError, match=f"{THREADS_ENV}: must be a positive whole number, got '{bad}'"):
+            use_model_threads(params, "train_exits")

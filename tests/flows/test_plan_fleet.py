@@ -14,10 +14,12 @@ import yaml
 from exitplan import REPO_ROOT
 from exitplan.errors import PipelineError
 from exitplan.gate_report import read_gate_report
-from exitplan.pipeline import dvc_executable, repro, stage_names
+from exitplan.pipeline import dvc_executable, repro, stage_graph, stage_names
 from exitplan.planner.plan_file import read_plan
 from exitplan.profiling.candidates import read_selection
 from exitplan.profiling.device_file import read_device
+from exitplan.runtime import SOLO_STAGES
+from exitplan.stage_schedule import stage_kind
 from exitplan.vllm.simulate import read_vllm_device
 
 pytestmark = pytest.mark.integration  # minutes: `make test-all` and CI run it, `make test` does not
@@ -117,8 +119,19 @@ def flow_results(repo: Path, prefect_harness: None):
 
 
 def test_flow_runs_every_stage_and_writes_the_outputs(repo: Path, flow_results) -> None:
-    assert [r.target for r in flow_results] == stage_names(repo)  # dvc.yaml's stages, in its order
-    ran = {r.target: r.ran for r in flow_results}
+    graph = stage_graph(repo)  # one stage per foreach item, side by side where the DAG allows
+    ended = [r.target for r in flow_results]
+    assert sorted(ended) == sorted(graph)
+    for i, target in enumerate(ended):  # each ended after every stage it needs
+        assert set(graph[target]) <= set(ended[:i]), target
+    ran: dict[str, list[str]] = {}
+    for result in flow_results:
+        ran.setdefault(stage_kind(result.target), []).extend(result.ran)
+    assert set(ran) == set(stage_names(repo)) and len(ended) == len(ran) + 1  # fetch_models: two items, two stages
+    spans = {r.target: (r.started, r.started + r.seconds) for r in flow_results}
+    beside = {(a, b) for a in spans for b in spans if a < b and spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]}
+    assert beside, "no two stages ran side by side"
+    assert not {stage_kind(n) for pair in beside for n in pair} & SOLO_STAGES  # the timing stages ran alone
     assert set(ran["fetch_models"]) == {f"fetch_models@{SMOLLM2}", f"fetch_models@{MINILM}"}
     assert ran["prepare_workload"] == ["prepare_workload"]
     assert ran["import_labels"] == ["import_labels"]  # the annotation folder is absent here: empty tables
