@@ -53,3 +53,24 @@ def baselines(problem: PlanProblem, min_quality: float, max_latency: float = flo
     homo = [p for g in gpus for p in fastest(problem, grid, on_one_type(problem, g))]
     out["homogeneous"] = best_under(homo, max_latency, min_quality)
     return out
+
+
+def paper_baselines(problem: PlanProblem, min_quality: float, homo_gpu: str, steps: int = 20) -> dict[str, Plan | None]:
+    """BOUTE's baselines (section 6.1) by its names: each one's best plan meeting the quality floor.
+
+    ``None`` for a baseline that cannot meet it. The largest model is the problem's last.
+
+    - ``stand-alone-homo``: the largest model alone on ``homo_gpu`` GPUs only (BOUTE: on H100s);
+    - ``stand-alone-hetero``: the largest model alone on any GPUs;
+    - ``routellm-count``: routing optimised, each model on at most ``1/K`` of the GPUs of each type;
+    - ``routellm-budget``: routing optimised, each model within ``1/K`` of the budget;
+    - ``boute-homo``: routing and deployment optimised on ``homo_gpu`` GPUs only.
+    """
+    k = len(problem.models)
+    grid = fraction_grid(k, steps)
+    alone = [np.eye(k)[k - 1]]
+    homo = on_one_type(problem, homo_gpu)
+    found = {"stand-alone-homo": fastest(problem, alone, homo), "stand-alone-hetero": fastest(problem, alone),
+             "routellm-count": fastest(problem, grid, even_gpus(problem)),
+             "routellm-budget": fastest(problem, grid, share=1.0 / k), "boute-homo": fastest(problem, grid, homo)}
+    return {name: best_under(plans, min_quality=min_quality) for name, plans in found.items()}
