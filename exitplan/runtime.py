@@ -17,10 +17,10 @@ MODEL_STAGES = frozenset({"train_exits", "exit_profile", "label_quality", "onlin
 """Stages that run the real models, and so take ``runtime.model_threads`` torch threads."""
 
 
-SOLO_STAGES = frozenset({"profile_vllm", "build_perf_db", "profile_device", "online_profile", "gate"})
+SOLO_STAGES = frozenset({"profile_vllm", "build_perf_db", "profile_device", "plan", "online_profile", "gate"})
 """Stages that run with no other stage beside them (:class:`exitplan.stage_schedule.StageScheduler`): the four
 that time the engines (a stage beside them would share the cores and the memory bandwidth they measure), and
-build_perf_db, whose Dask sweep already takes one worker per core."""
+build_perf_db and plan, whose Dask sweeps already take one worker per core."""
 
 THREADS_ENV = "EXITPLAN_MODEL_THREADS"
 """Set by the pipeline flow for a model stage it runs beside another: that stage's torch threads, in place of

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from exitplan.planner.problem import Plan, PlanProblem, pareto
+from exitplan.planner.problem import MIN_SHARE, Plan, PlanProblem, pareto
 from exitplan.simulator.curve import INF
 
 
@@ -144,6 +144,41 @@ def _corners(problem: PlanProblem) -> list[np.ndarray]:
             theta[d] = 0.0 if d == i else 1.0
         for j, m in enumerate(problem.models):
             theta[problem.deployment_dims[j]] = 1.0 - 0.5 / len(problem.candidates[m])
+        points.append(theta)
+    return points
+
+
+def cheapest_carrying(problem: PlanProblem, fractions: np.ndarray) -> tuple[int, ...] | None:
+    """Per model, its cheapest candidate that carries its share of the load (finite P95), if the plan they make
+    is within the budget and the GPUs; ``None`` otherwise (an unloaded model keeps candidate 0, not deployed)."""
+    choice = []
+    for i, (m, f) in enumerate(zip(problem.models, fractions, strict=True)):
+        if f < MIN_SHARE:
+            choice.append(0)
+            continue
+        carrying = [c for c in range(len(problem.candidates[m])) if problem.model_latency(i, c, f) < INF]
+        if not carrying:
+            return None
+        choice.append(carrying[0])
+    return tuple(choice) if problem.feasible(fractions, choice) else None
+
+
+def feasible_design(problem: PlanProblem) -> list[np.ndarray]:
+    """Points that are sure to carry their load, one per model's side of the routing: all load on one model, and
+    the load split evenly, each with the cheapest deployments that carry it (:func:`cheapest_carrying`); the
+    fractions whose cheapest carrying plan breaks the budget or the GPUs are left out. At a load most of the cube
+    cannot carry, a Sobol design may hold no plan on one model's side at all, and the search then never learns
+    that side (BOUTE's design starts from each model's feasible corner)."""
+    k = len(problem.models)
+    points = []
+    for fractions in [*np.eye(k), np.full(k, 1.0 / k)]:
+        choice = cheapest_carrying(problem, fractions)
+        if choice is None:
+            continue
+        theta = np.empty(problem.dim)
+        theta[problem.routing_dims] = problem.routing_theta(fractions)
+        for j, (m, c) in enumerate(zip(problem.models, choice, strict=True)):
+            theta[problem.deployment_dims[j]] = (c + 0.5) / len(problem.candidates[m])
         points.append(theta)
     return points
 
@@ -316,7 +351,7 @@ def _most_feasible(xs: list[np.ndarray], headroom: list[float], pool: np.ndarray
 def optimise(problem: PlanProblem, evaluations: int = 40, initial: int = 8, q: int = 4, seed: int = 0,
              structured: bool = True, beta: float = 1.0, max_latency: float | None = None,
              min_quality: float | None = None, pool_size: int = 1024,
-             feasibility: Feasibility = "constraint") -> MoboResult:
+             feasibility: Feasibility = "constraint", feasible_start: bool = True) -> MoboResult:
     """Run MOBO for ``evaluations`` plans (``initial`` of them from a Sobol design).
 
     Args:
@@ -331,6 +366,7 @@ def optimise(problem: PlanProblem, evaluations: int = 40, initial: int = 8, q: i
         min_quality: Outcome constraint Q >= this, if any.
         pool_size: Feasible points the acquisition is maximised over per round.
         feasibility: How plans that cannot carry their load are modelled (:data:`Feasibility`).
+        feasible_start: Start from :func:`feasible_design` too (``False``: the corners and Sobol points only).
     """
     import torch
     from botorch.optim import optimize_acqf_discrete
@@ -355,8 +391,9 @@ def optimise(problem: PlanProblem, evaluations: int = 40, initial: int = 8, q: i
             result.plans.append(plan)
             result.history_s.append(time.perf_counter() - started)
 
-    for theta in [*_corners(problem), *SobolEngine(problem.dim, scramble=True, seed=seed).draw(initial).double()
-                  .numpy()][:max(initial, len(problem.models))]:
+    design = [*(feasible_design(problem) if feasible_start else []), *_corners(problem)]
+    sobol = SobolEngine(problem.dim, scramble=True, seed=seed).draw(initial).double().numpy()
+    for theta in [*design, *sobol][:max(initial, len(design))]:
         run(theta)
     for _ in range(50 * initial):  # top up the design where most of the cube is infeasible
         if len(result.plans) >= min(initial, 2):

@@ -69,18 +69,28 @@ def skip_reason(params: Params, exc: LabelsNotFound) -> str:
     return str(exc)
 
 
+def scenario_job(job: tuple[Params, PlanScenario]) -> dict[str, Any]:
+    """:func:`run_scenario` of one ``(params, scenario)`` job (module level: Dask workers import it); an optional
+    scenario without labels comes back as ``{"name": ..., "skipped": why}``."""
+    params, scenario = job
+    try:
+        return run_scenario(params, scenario)
+    except LabelsNotFound as exc:
+        if scenario.required:
+            raise
+        return {"name": scenario.name, "skipped": skip_reason(params, exc)}
+
+
 def main(params: Params) -> dict[str, Any]:
-    """Every scenario (an optional one without labels is skipped with what to supply), each registered in MLflow
-    with alias ``challenger``: the first (the promoted one) as ``plan.registered_model``, the others as
-    ``<registered_model>-<scenario>``."""
-    results, skipped = [], {}
-    for scenario in params.plan.scenarios:
-        try:
-            results.append(run_scenario(params, scenario))
-        except LabelsNotFound as exc:
-            if scenario.required:
-                raise
-            skipped[scenario.name] = skip_reason(params, exc)
+    """Every scenario (an optional one without labels is skipped with what to supply), optimised side by side on
+    the ``dask`` workers (each scenario writes only its own folders; the results come back in the scenarios'
+    order), then each registered in MLflow with alias ``challenger``: the first (the promoted one) as
+    ``plan.registered_model``, the others as ``<registered_model>-<scenario>``."""
+    from exitplan.fanout import sweep
+
+    outcomes = sweep(scenario_job, [(params, scenario) for scenario in params.plan.scenarios], params.dask)
+    results = [o for o in outcomes if "skipped" not in o]
+    skipped = {o["name"]: o["skipped"] for o in outcomes if "skipped" in o}
     first = results[0]
     metrics = {f"{r['name']}.{k}": getattr(r["plan"], k) for r in results
                for k in ("predicted_p95_s", "predicted_quality", "cost_per_hour")}

@@ -85,4 +85,5 @@ def test_a_bad_pipeline_is_named() -> None:
 def test_the_timing_stages_of_the_real_pipeline_are_solo() -> None:
     assert {"profile_vllm", "profile_device", "online_profile", "gate"} <= SOLO_STAGES
     assert stage_kind("train_exits@Qwen/Qwen2.5-Coder-0.5B-Instruct") == "train_exits"
-    assert not {"train_exits", "label_quality", "exit_profile", "plan"} & SOLO_STAGES
+    assert {"build_perf_db", "plan"} <= SOLO_STAGES  # their Dask sweeps take every core
+    assert not {"train_exits", "label_quality", "exit_profile", "partial_checkpoints"} & SOLO_STAGES

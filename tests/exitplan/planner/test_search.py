@@ -150,3 +150,21 @@ def test_the_feasibility_model_keeps_mobo_off_plans_that_cannot_carry_the_load(l
     assert random_share > 0.6  # most plans within the budget cannot carry this load
     total = proposals * len(seeds)
     assert stuck["constraint"] <= 0.5 * total and stuck["penalty"] - stuck["constraint"] >= 0.15 * total, stuck
+
+
+def test_the_feasible_design_carries_its_load_on_each_models_side_at_least_cost(loaded) -> None:
+    from exitplan.planner.mobo import cheapest_carrying, feasible_design
+
+    points = feasible_design(loaded)
+    plans = [loaded.evaluate(theta) for theta in points]
+    assert all(p is not None and np.isfinite(p.latency) for p in plans)  # random plans: most cannot (test above)
+    sides = {tuple(np.round(p.fractions, 3)) for p in plans}
+    wanted = {f: cheapest_carrying(loaded, np.array(f)) for f in ((1.0, 0.0), (0.0, 1.0), (0.5, 0.5))}
+    assert sides == {f for f, choice in wanted.items() if choice is not None}  # each side that can carry it
+    assert len(sides) >= 2 and (1.0, 0.0) in sides  # here the 70B-like model alone cannot, within the budget
+    for plan in plans:  # no cheaper candidate of a loaded model carries its share
+        for i, (c, f) in enumerate(zip(plan.choice, plan.fractions, strict=True)):
+            if f > 0:
+                assert all(loaded.model_latency(i, cheaper, f) == np.inf for cheaper in range(c))
+    small_alone = next(p for p in plans if p.fractions[0] == 1.0)
+    assert small_alone.choice == wanted[(1.0, 0.0)] and small_alone.choice[0] > 0  # its cheapest one cannot
