@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from prefect import flow, get_run_logger
-from prefect.futures import as_completed
+from prefect.futures import as_completed, wait
 
 from exitplan.config import Params
 from exitplan.pipeline import ReproResult
@@ -65,7 +65,11 @@ def run_side_by_side(params: Params) -> list[ReproResult]:
             running[future] = name
         future = next(as_completed(list(running)))
         schedule.finish(running.pop(future))
-        results.append(future.result())
+        try:
+            results.append(future.result())
+        except Exception:
+            wait(list(running))  # the stages beside the failed one end, and DVC records their outputs
+            raise
         _report(results, len(schedule.needs), started)
     return results
 
