@@ -89,11 +89,10 @@ def scenario(params: Params) -> PlanScenario:
     return found["llama2-boute"].model_copy(update={"gpus": CLUSTER, "budget_per_hour": BUDGET, "load_qps": LOAD})
 
 
-def workload_dbs(params: Params, models: list[str], requests: int) -> dict[str, pd.DataFrame]:
-    """Perf DB rows of ``models`` per workload: the pipeline's (AlpacaEval lengths), and GSM8K's and MT-Bench's
-    lengths simulated here."""
+def workload_dbs(params: Params, db: pd.DataFrame, models: list[str], requests: int) -> dict[str, pd.DataFrame]:
+    """Perf DB rows of ``models`` per workload: the pipeline's perf DB ``db`` (AlpacaEval lengths), and GSM8K's and
+    MT-Bench's lengths simulated here."""
     section = params.build_perf_db
-    db = pd.read_parquet(perf_db_path(params))
     queries = pd.read_parquet(params.path(params.prepare_workload.output_dir) / "queries.parquet")
     catalog = load_catalog(params.path(params.catalog))
     dbs = {"alpacaeval": db[db["model"].isin(models)]}
@@ -285,11 +284,9 @@ def simulated_eval_seconds(params: Params, problem: PlanProblem, plans: list[Pla
     return (time.perf_counter() - started) / max(1, len(plans))
 
 
-def seed_table(params: Params, quick: bool) -> list[float]:
-    """MOBO's hypervolume ratio (vs the exhaustive front) for seeds 0-4 on each scenario; returns all ratios."""
-    from exitplan.artifacts import perf_db_path as db_path
-
-    db = pd.read_parquet(db_path(params))
+def seed_table(params: Params, db: pd.DataFrame, quick: bool) -> list[float]:
+    """MOBO's hypervolume ratio (vs the exhaustive front) on the pipeline's perf DB ``db`` for seeds 0-4 on each
+    scenario; returns all ratios."""
     names = ["llama2-boute"] if quick else [s.name for s in params.plan.scenarios]
     section = params.plan
     ratios = []
@@ -325,8 +322,9 @@ def main() -> None:
     sc = scenario(params)
     try:
         routing = router(params, sc)
-        dbs = workload_dbs(params, sc.models, 300 if args.quick else params.build_perf_db.requests_per_point)
-    except ExitplanError as exc:
+        db = pd.read_parquet(perf_db_path(params))
+        dbs = workload_dbs(params, db, sc.models, 300 if args.quick else params.build_perf_db.requests_per_point)
+    except (ExitplanError, FileNotFoundError) as exc:
         sys.exit(f"{exc} (run `make run` first)")
     floors = requirements(routing)
     print(f"quality requirements (held-out AlpacaEval quality at {', '.join(f'{s:.0%}' for s in LARGE_SHARES)} of "
@@ -346,7 +344,7 @@ def main() -> None:
     gsm8k = queries[queries["dataset"] == "gsm8k"]
     conv = convergence_table(params, dbs["gsm8k"], (gsm8k["prompt_len"].to_numpy(), gsm8k["output_len"].to_numpy()),
                              sc, routing, floors[1], args.quick, 80 if args.quick else 160)
-    ratios = seed_table(params, args.quick)
+    ratios = seed_table(params, db, args.quick)
     ablation = conv.get("plain kernel_evals", float("nan")) / conv.get("structured_evals", float("nan"))
     print(f"RESULT cut_vs_routellm_avg={found['routellm'][0]:.3f} cut_vs_routellm_max={found['routellm'][1]:.3f} "
           f"cut_vs_homo_avg={found['boute-homo'][0]:.3f} cut_vs_single_avg={found['stand-alone-hetero'][0]:.3f} "

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from exitplan.planner.problem import Plan
+from exitplan.planner.problem import Plan, best_under
 
 PATIENCE = 20
 """Evaluations in a row without a change of solution after which a search has converged (BOUTE's 20 iterations)."""
@@ -35,21 +35,12 @@ class Convergence:
         return self.stop_at is not None
 
 
-def better(plan: Plan, than: Plan | None, min_quality: float) -> bool:
-    """Whether ``plan`` meets the floor, carries its load and beats ``than`` (lower P95, then cheaper)."""
-    if plan.quality < min_quality or plan.latency == float("inf"):
-        return False
-    return than is None or (plan.latency, plan.cost) < (than.latency, than.cost)
-
-
 def convergence(plans: Sequence[Plan], min_quality: float, patience: int = PATIENCE) -> Convergence:
-    """Where the search that evaluated ``plans`` (in order) converged under BOUTE's rule."""
-    best: Plan | None = None
-    found_at = None
-    for i, plan in enumerate(plans, 1):
-        if better(plan, best, min_quality):
-            best, found_at = plan, i
-    if found_at is None:
+    """Where the search that evaluated ``plans`` (in order) converged under BOUTE's rule: its final solution is
+    :func:`best_under` of all its plans, found at the first evaluation of it."""
+    best = best_under(plans, min_quality=min_quality)
+    if best is None:
         return Convergence(None, None)
+    found_at = next(i for i, plan in enumerate(plans, 1) if plan is best)
     stop = found_at + patience
     return Convergence(found_at, stop if stop <= len(plans) else None)
