@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from exitplan.planner.mobo import (
+    LATE_AFTER,
     PAIR_SPLITS,
     _incumbents,
     cheapest_carrying,
@@ -42,6 +43,10 @@ def test_the_budget_filling_deployment_is_within_budget_and_no_slower_than_the_c
         fast, slow = loaded.evaluate_plan(fractions, filled), loaded.evaluate_plan(fractions, cheap)
         assert np.isfinite(fast.latency) and fast.latency <= slow.latency and fast.cost >= slow.cost
         assert _slowest_cannot_get_faster(loaded, fractions, filled)
+        for i, (c, f) in enumerate(zip(filled, fractions, strict=True)):  # none cheaper within the same P95
+            for cheaper in range(c if f > 0 else 0):
+                trial = [*filled[:i], cheaper, *filled[i + 1:]]
+                assert loaded.model_latency(i, cheaper, f) > fast.latency or not loaded.feasible(fractions, trial)
     assert checked >= 3
 
 
@@ -77,13 +82,14 @@ def test_incumbents_are_the_front_of_the_plans_meeting_the_floor() -> None:
 
 
 def test_with_a_quality_floor_mobo_reaches_the_exact_optimum_on_every_seed(loaded) -> None:
-    """The late phase refines the best plan meeting the floor: on the loaded problem each of three seeds ends at
-    the exhaustive optimum's P95 (within 5%)."""
+    """The late phase (after :data:`LATE_AFTER` evaluations) refines the best plan meeting the floor: on the loaded
+    problem each of three seeds ends at the exhaustive optimum's P95 (within 5%; 24 evaluations, four of them late,
+    left seed 2 at 1.10x)."""
     floor = 0.8
     exact = best_under(exhaustive(loaded, 20), min_quality=floor)
     assert exact is not None
     for seed in range(3):
         loaded._cache.clear()
-        run = optimise(loaded, evaluations=24, initial=8, q=4, seed=seed, min_quality=floor)
+        run = optimise(loaded, evaluations=LATE_AFTER + 16, initial=8, q=4, seed=seed, min_quality=floor)
         found = best_under(run.plans, min_quality=floor)
         assert found is not None and found.latency <= 1.05 * exact.latency, (seed, found, exact)
