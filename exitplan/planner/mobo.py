@@ -578,7 +578,7 @@ def optimise(problem: PlanProblem, evaluations: int = 40, initial: int = 8, q: i
     design = _unique([*(feasible_design(problem) + filled_design(problem) if feasible_start else []),
                       *_corners(problem)])
     sobol = SobolEngine(problem.dim, scramble=True, seed=seed).draw(initial).double().numpy()
-    for theta in [*design, *sobol][:max(initial, len(design))]:
+    for theta in [*design, *sobol][:min(evaluations, max(initial, len(design)))]:  # the design within the budget
         run(theta)
     for _ in range(50 * initial):  # top up the design where most of the cube is infeasible
         if len(result.plans) >= min(initial, 2):
