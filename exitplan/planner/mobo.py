@@ -263,14 +263,8 @@ def filled_design(problem: PlanProblem) -> list[np.ndarray]:
                 fractions = np.zeros(k)
                 fractions[i], fractions[j] = share, 1.0 - share
                 splits.append(fractions)
-    points, seen = [], set()
-    for fractions in splits:
-        choice = fastest_within_budget(problem, fractions)
-        key = (tuple(np.round(fractions, 6)), choice)
-        if choice is not None and key not in seen:
-            seen.add(key)
-            points.append(_theta(problem, fractions, choice))
-    return points
+    chosen = [(fractions, fastest_within_budget(problem, fractions)) for fractions in splits]
+    return _unique([_theta(problem, fractions, choice) for fractions, choice in chosen if choice is not None])
 
 
 def _unique(points: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -314,8 +308,8 @@ def _neighbour(problem: PlanProblem, theta: np.ndarray, rng: np.random.Generator
             if rng.uniform() < SQUEEZE_SHARE:
                 cheapest = _cheapest_each(problem, problem.fractions(out))
                 if cheapest is not None:
-                    _set_choice(problem, out, [c if j != i else problem.choice(out)[i]
-                                               for j, c in enumerate(cheapest)])
+                    cheapest[i] = problem.choice(out)[i]
+                    _set_choice(problem, out, cheapest)
             n = len(problem.candidates[problem.models[i]])
             d = problem.deployment_dims[i]
             out[d] = float(np.clip(out[d] + rng.choice([-4, -3, -2, -1, 1, 2, 3, 4]) / n, 0.0, 1.0 - 1e-9))
@@ -352,7 +346,8 @@ def _pool(problem: PlanProblem, size: int, rng: np.random.Generator, tries: int 
 
 def _incumbents(xs: Sequence[np.ndarray], plans: Sequence[Plan], max_latency: float | None,
                 min_quality: float | None) -> list[np.ndarray]:
-    """The points of the front of the plans that meet the SLOs (the whole front when none does)."""
+    """The points of the front of the plans that meet the SLOs (the whole front when none does, or when no SLO
+    is given)."""
     ok = [(x, p) for x, p in zip(xs, plans, strict=True)
           if p.latency <= (max_latency or INF) and p.quality >= (min_quality or -INF)]
     ok = ok or list(zip(xs, plans, strict=True))
@@ -595,13 +590,8 @@ def optimise(problem: PlanProblem, evaluations: int = 40, initial: int = 8, q: i
     while len(result.plans) < evaluations:
         batch = min(q, evaluations - len(result.plans))
         late = slo and len(result.plans) >= LATE_AFTER
-        if late:
-            pool = _pool(problem, pool_size, rng, around=_incumbents(xs, result.plans, max_latency, min_quality),
-                         local_share=LATE_SHARE)
-        else:
-            front = {id(p) for p in pareto(result.plans)}
-            pool = _pool(problem, pool_size, rng, around=[x for x, p in zip(xs, result.plans, strict=True)
-                                                          if id(p) in front])
+        around = _incumbents(xs, result.plans, *((max_latency, min_quality) if late else (None, None)))
+        pool = _pool(problem, pool_size, rng, around=around, local_share=LATE_SHARE if late else None)
         if not len(pool):
             break
         constrained = feasibility == "constraint"
