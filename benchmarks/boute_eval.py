@@ -254,7 +254,8 @@ def variant_run(params: Params, problem: PlanProblem, routing: Any, floor: float
     if kwargs.pop("thresholds", False):
         problem = threshold_problem(problem, routing.window)
     problem._cache.clear()
-    run = optimise(problem, cap, section.initial, section.batch, section.seed, min_quality=floor, **kwargs)
+    run = optimise(problem, cap, section.initial, section.batch, section.seed, min_quality=floor,
+                   patience=PATIENCE, **kwargs)
     conv = convergence(run.plans, floor)
     evals = conv.stop_at or len(run.plans)
     return evals, run.history_s[evals - 1] if run.history_s else float("nan"), conv.converged
@@ -281,7 +282,7 @@ def convergence_table(params: Params, db: pd.DataFrame, lengths: tuple[np.ndarra
         every = n == 4 and total == 32
         names = [v for v in ABLATIONS if every or v in ("structured", PAPER_ABLATION[0])]
         if quick:
-            names = ["structured", *PAPER_ABLATION, "structured, no design"]
+            names = ["structured", PAPER_ABLATION[0], "structured, no design", PAPER_ABLATION[1]]
         for name in names:
             evals, seconds, converged = variant_run(params, problem, routing, floor, cap, ABLATIONS[name])
             print(f"{n:>6}{total:>6}{name:>26}{evals:>8}{seconds:>10.1f}{'' if converged else ' (cap)'}")

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from exitplan.planner.convergence import convergence
 from exitplan.planner.problem import MIN_SHARE, Plan, PlanProblem, pareto
 from exitplan.simulator.curve import INF
 
@@ -520,6 +521,13 @@ def _most_feasible(xs: list[np.ndarray], headroom: list[float], pool: np.ndarray
     return pool[np.argsort(-mean)[:q]]
 
 
+def _settled(plans: list[Plan], min_quality: float | None, patience: int | None) -> bool:
+    """Whether BOUTE's convergence rule would stop a search that has evaluated ``plans`` (never without
+    ``patience``)."""
+    floor = -INF if min_quality is None else min_quality
+    return patience is not None and convergence(plans, floor, patience).converged
+
+
 def _quiet(fn: Callable[..., MoboResult]) -> Callable[..., MoboResult]:
     """``fn`` with the numerical warnings of GP fitting silenced: jitter added to a near-singular covariance (plans
     repeat on a discrete space), a fit that stops early, qLogNEHVI's fallback sampling - each handled where it
@@ -543,9 +551,10 @@ def optimise(problem: PlanProblem, evaluations: int = 40, initial: int = 8, q: i
              structured: bool = True, beta: float = 1.0, max_latency: float | None = None,
              min_quality: float | None = None, pool_size: int = 1024,
              feasibility: Feasibility = "constraint", feasible_start: bool = True,
-             transforms: bool = True) -> MoboResult:
+             transforms: bool = True, patience: int | None = None) -> MoboResult:
     """Run MOBO for ``evaluations`` plans (the design, topped up to ``initial`` with Sobol points, then rounds of
-    ``q``). With an SLO, the rounds after :data:`LATE_AFTER` evaluations refine the best plan meeting it.
+    ``q``), or until it converges by BOUTE's rule when ``patience`` is given. With an SLO, the rounds after
+    :data:`LATE_AFTER` evaluations refine the best plan meeting it.
 
     Args:
         problem: The co-optimisation problem.
@@ -562,6 +571,8 @@ def optimise(problem: PlanProblem, evaluations: int = 40, initial: int = 8, q: i
         feasible_start: Start from :func:`feasible_design` and :func:`filled_design` too (``False``: the corners
             and Sobol points only).
         transforms: BOUTE's output transforms, log latency and logit quality (``False``: raw, for the ablation).
+        patience: Stop once the solution (the best plan meeting ``min_quality``) has been unchanged for this many
+            evaluations (:func:`exitplan.planner.convergence.convergence`); ``None``: run all ``evaluations``.
     """
     import torch
     from botorch.optim import optimize_acqf_discrete
@@ -603,7 +614,7 @@ def optimise(problem: PlanProblem, evaluations: int = 40, initial: int = 8, q: i
         raise ExitplanError("fewer than two feasible plans found: the budget or the GPUs available are too tight "
                             "for these models at this load")
     slo = max_latency is not None or min_quality is not None
-    while len(result.plans) < evaluations:
+    while len(result.plans) < evaluations and not _settled(result.plans, min_quality, patience):
         batch = min(q, evaluations - len(result.plans))
         late = slo and len(result.plans) >= LATE_AFTER
         around = _incumbents(xs, result.plans, *((max_latency, min_quality) if late else (None, None)))

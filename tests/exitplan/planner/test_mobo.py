@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from exitplan.planner.convergence import convergence
 from exitplan.planner.mobo import (
     LATE_AFTER,
     PAIR_SPLITS,
@@ -93,3 +94,13 @@ def test_with_a_quality_floor_mobo_reaches_the_exact_optimum_on_every_seed(loade
         run = optimise(loaded, evaluations=LATE_AFTER + 16, initial=8, q=4, seed=seed, min_quality=floor)
         found = best_under(run.plans, min_quality=floor)
         assert found is not None and found.latency <= 1.05 * exact.latency, (seed, found, exact)
+
+
+def test_with_patience_mobo_stops_once_its_solution_has_held_that_long(loaded) -> None:
+    """BOUTE's rule as a stopping rule: the run ends in the round where the plan it would pick has been unchanged
+    for ``patience`` evaluations, well before its cap."""
+    floor, patience, q = 0.7, 8, 4
+    run = optimise(loaded, evaluations=80, initial=8, q=q, seed=0, min_quality=floor, patience=patience)
+    settled = convergence(run.plans, floor, patience)
+    assert settled.converged and len(run.plans) < 80
+    assert settled.stop_at <= len(run.plans) < settled.stop_at + q
