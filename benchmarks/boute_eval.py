@@ -19,24 +19,29 @@ A system that cannot meet a requirement is listed apart, never averaged. P95, me
 (each at the deployment's best load split for that metric); the throughput at saturation is the load the plan's
 replicas carry before one of them saturates (``load x exp(headroom)``).
 
-Table 2: MOBO on 2, 3 and 4 GPU types (16, 24, 32 GPUs), run until its solution is unchanged for 20 evaluations
-(BOUTE's rule, ``exitplan.planner.convergence``) or a cap; the same without the structural information (a plain
-Matern kernel: no load-share encoding, no GPU-preference kernel) and without the perf DB (each evaluation a
-simulation of the plan's replicas: its seconds per evaluation are measured on a few plans and multiplied by the
-evaluations to converge). Seeds: MOBO's hypervolume ratio against the exhaustive front for five seeds, on the
-``llama2-boute`` scenario (``--quick``) or on every scenario.
+Table 2: MOBO on 2, 3 and 4 GPU types (16, 24, 32 GPUs), stopped when its solution is unchanged for 20
+evaluations (BOUTE's rule, ``exitplan.planner.convergence``) or at a cap; the same without BOUTE's structural
+information (:data:`ABLATIONS`: S1 the load-share encoding - routing coordinates read as score thresholds instead -,
+S4 the log/logit output transforms, S5 the GPU-preference weight; one at a time on 4 types x 32 GPUs, all three as
+the paper's "w/o structural info" everywhere), each also without exitplan's feasible design, and without the perf
+DB (each evaluation a simulation of the plan's replicas: its seconds per evaluation are measured on a few plans and
+multiplied by the evaluations to converge). Seeds: MOBO's hypervolume ratio against the exhaustive front for five
+seeds, on the ``llama2-boute`` scenario (``--quick``) or on every scenario.
 
 Usage:
-    python benchmarks/boute_eval.py --quick   # 300 requests per simulated point; Table 2 at 4 types only; seeds
-                                              # on llama2-boute with exitplan's design only (~5 min)
-    python benchmarks/boute_eval.py           # 1,000 requests per point, the 3x3 cluster grid, every scenario,
-                                              # seeds with and without the feasible design
+    python benchmarks/boute_eval.py --quick   # 300 requests per simulated point; Table 2 at 4 types only, with
+                                              # and without structure and design; seeds on llama2-boute with
+                                              # exitplan's design only (~9 min)
+    python benchmarks/boute_eval.py           # 1,000 requests per point, the 3x3 cluster grid and every ablation,
+                                              # every scenario, seeds with and without the feasible design
 
 Needs ``make run`` (the perf DB, the AlpacaEval labels). Writes ``benchmarks/out/boute_fig4_<workload>.png``.
 Last line: ``RESULT cut_vs_routellm_avg=... cut_vs_routellm_max=... cut_vs_homo_avg=... cut_vs_single_avg=...
-hv_median_5seeds=... hv_worst_5seeds=... converge_s_4types=... ablation_evals_ratio=...`` (a cut is ``1 - P95 of
-BOUTE / P95 of the baseline``, averaged over the requirements both meet; vs RouteLLM the better of its two
-readings, vs single model Stand-Alone-Hetero).
+hv_median_5seeds=... hv_worst_5seeds=... converge_s_4types=... ablation_evals_ratio=...
+ablation_evals_ratio_nodesign=...`` (a cut is ``1 - P95 of BOUTE / P95 of the baseline``, averaged over the
+requirements both meet; vs RouteLLM the better of its two readings, vs single model Stand-Alone-Hetero; the
+ablation ratios are the evaluations to converge "w/o structural info" over the structured MOBO's, with exitplan's
+design and without it).
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ from exitplan.planner.problem import MIN_SHARE, Plan, PlanProblem, best_under, h
 from exitplan.planner.search import exhaustive
 from exitplan.simulator.perf_db import build_perf_db
 from exitplan.stages.plan import router
+from exitplan.vllm.simulate import planning_catalog
 
 OUT = Path(__file__).resolve().parent / "out"
 CLUSTER = {"h100-sxm": 8, "rtx-pro-6000": 8, "rtx-5090": 8, "rtx-4090": 8}
@@ -111,8 +117,9 @@ def workload_dbs(params: Params, db: pd.DataFrame, models: list[str], requests: 
 
 def make_problem(params: Params, db: pd.DataFrame, sc: PlanScenario, quality: Callable,
                  gpus: Mapping[str, int] | None = None) -> PlanProblem:
-    """The co-optimisation problem of ``sc`` on ``db`` (optionally on other GPUs)."""
-    catalog = load_catalog(params.path(params.catalog))
+    """The co-optimisation problem of ``sc`` on ``db`` (optionally on other GPUs), priced as the plan stage prices
+    it (the catalog and this machine's vLLM device)."""
+    catalog = planning_catalog(params)
     available = dict(gpus or sc.gpus)
     prices = {g: catalog.gpu(g).price_per_hour for g in available}
     section = params.plan
@@ -246,7 +253,7 @@ paper's ~8x: the first)."""
 
 
 def variant_run(params: Params, problem: PlanProblem, routing: Any, floor: float, cap: int,
-                options: Mapping[str, Any]) -> tuple[int, float, bool]:
+                options: Mapping[str, Any], seed: int) -> tuple[int, float, bool]:
     """MOBO with one of :data:`ABLATIONS`' options until BOUTE's rule stops it (or ``cap``): the evaluations,
     the seconds, and whether it converged."""
     section = params.plan
@@ -254,23 +261,30 @@ def variant_run(params: Params, problem: PlanProblem, routing: Any, floor: float
     if kwargs.pop("thresholds", False):
         problem = threshold_problem(problem, routing.window)
     problem._cache.clear()
-    run = optimise(problem, cap, section.initial, section.batch, section.seed, min_quality=floor,
-                   patience=PATIENCE, **kwargs)
+    run = optimise(problem, cap, section.initial, section.batch, seed, min_quality=floor, patience=PATIENCE,
+                   **kwargs)
     conv = convergence(run.plans, floor)
     evals = conv.stop_at or len(run.plans)
     return evals, run.history_s[evals - 1] if run.history_s else float("nan"), conv.converged
 
 
+ABLATION_SEEDS = {True: 3, False: 5}
+"""Seeds per variant on 4 types x 32 GPUs (quick, full): whether a design-less search meets the plan early is
+luck of its Sobol points (seed 0 of the structured one: evaluation 57, of the unstructured one: 2), so the table
+gives the median."""
+
+
 def convergence_table(params: Params, db: pd.DataFrame, lengths: tuple[np.ndarray, np.ndarray], sc: PlanScenario,
                       routing: Any, floor: float, quick: bool, cap: int) -> dict[str, float]:
-    """Table 2: MOBO to convergence on 2-4 GPU types x 16-32 GPUs (the full grid unless ``quick``), BOUTE's own
-    variants everywhere and every ablation on 4 types x 32 GPUs, and without the perf DB; returns the evaluations
-    and seconds of each variant on 4 types (``<variant>_evals``, ``<variant>_s``)."""
+    """Table 2: MOBO to convergence on 2-4 GPU types x 16-32 GPUs (the full grid unless ``quick``; the plan
+    stage's seed), BOUTE's own variants everywhere and every ablation on 4 types x 32 GPUs (the median over
+    :data:`ABLATION_SEEDS`), and without the perf DB; returns the median evaluations and seconds of each variant on
+    4 types x 32 (``<variant>_evals``, ``<variant>_s``)."""
     types = list(CLUSTER)
     grid = [(4, 32)] if quick else [(n, g) for n in (2, 3, 4) for g in (16, 24, 32)]
     print(f"\nTable 2: MOBO until its plan is unchanged for {PATIENCE} evaluations (cap {cap}), GSM8K lengths, "
-          f"Q >= {floor:.3f}")
-    print(f"{'types':>6}{'GPUs':>6}{'variant':>26}{'evals':>8}{'seconds':>10}")
+          f"Q >= {floor:.3f}; on 4 types x 32 the median of seeds 0-{ABLATION_SEEDS[quick] - 1}")
+    print(f"{'types':>6}{'GPUs':>6}{'variant':>26}{'evals':>8}{'seconds':>10}  evaluations per seed")
     out: dict[str, float] = {}
     for n, total in grid:
         gpus = {g: total // n + (1 if i < total % n else 0) for i, g in enumerate(types[:n])}
@@ -283,15 +297,19 @@ def convergence_table(params: Params, db: pd.DataFrame, lengths: tuple[np.ndarra
         names = [v for v in ABLATIONS if every or v in ("structured", PAPER_ABLATION[0])]
         if quick:
             names = ["structured", PAPER_ABLATION[0], "structured, no design", PAPER_ABLATION[1]]
+        seeds = range(ABLATION_SEEDS[quick]) if every else [params.plan.seed]
         for name in names:
-            evals, seconds, converged = variant_run(params, problem, routing, floor, cap, ABLATIONS[name])
-            print(f"{n:>6}{total:>6}{name:>26}{evals:>8}{seconds:>10.1f}{'' if converged else ' (cap)'}")
+            runs = [variant_run(params, problem, routing, floor, cap, ABLATIONS[name], seed) for seed in seeds]
+            evals, seconds = float(np.median([r[0] for r in runs])), float(np.median([r[1] for r in runs]))
+            capped = sum(not r[2] for r in runs)
+            print(f"{n:>6}{total:>6}{name:>26}{evals:>8.0f}{seconds:>10.1f}  " + " ".join(str(r[0]) for r in runs) +
+                  (f" ({capped} at the cap)" if capped else ""))
             if every:
                 out[f"{name}_evals"], out[f"{name}_s"] = evals, seconds
         if every:
             per_eval = simulated_eval_seconds(params, problem, optimise(
                 problem, 3, 3, 1, params.plan.seed, beta=params.plan.beta).plans, lengths)
-            print(f"{n:>6}{total:>6}{'no perf DB (sim.)':>26}{out['structured_evals']:>8}"
+            print(f"{n:>6}{total:>6}{'no perf DB (sim.)':>26}{out['structured_evals']:>8.0f}"
                   f"{out['structured_s'] + per_eval * out['structured_evals']:>10.1f}  (MOBO's own seconds plus "
                   f"{per_eval:.2f} s per simulated evaluation, measured on 3 plans)")
     return out
