@@ -21,7 +21,9 @@ The prediction of each request is its wait in the coordinator's routing scorer (
 and weights timed here alone with the replicas up and standing by, through the scorer's micro-batching queue) followed
 by the simulator's (:mod:`exitplan.vllm.simulate`: the ``vllm-cpu`` device fitted by ``profile_vllm``, the replicas'
 engine knobs) of its model's replica serving exactly the requests routed to it, each reaching it when its score is
-known, with their prompt lengths and the answer lengths they got. Each point runs between two reference probes
+known, with their prompt lengths and the answer lengths they got; the replicas share this host, so each is slowed by
+the other's busy share over the point (the device's measured ``neighbour_slowdown``,
+:mod:`exitplan.simulator.colocation`). Each point runs between two reference probes
 (``benchmarks/sweep.py``): the prediction is made twice, with the device as profiled (raw) and rescaled by the
 probes' drift since profiling (corrected). Errors are relative, per cell: load x (each model and all requests) x
 (TTFT, TPOT, E2E) x (P50, P95).
@@ -54,6 +56,7 @@ from exitplan.deploy import start_local
 from exitplan.planner.plan_file import read_plan
 from exitplan.profiling.calibration import device_of, read_calibration, standing
 from exitplan.routing.router_file import load_router
+from exitplan.simulator.colocation import simulate_colocated
 from exitplan.simulator.replica import RequestSet
 from exitplan.vllm.simulate import replica_simulator
 from serving.scorer import BatchingScorer, score_function
@@ -156,11 +159,13 @@ def predict(catalog, frame: pd.DataFrame, device, prefix: str) -> pd.DataFrame:
     """The prediction of each request's TTFT, TPOT and E2E (columns ``<prefix>_<metric>``): its routing score's time
     (``route_s``), then the simulator's replica of its model on ``device``, reached when the score is known."""
     out = frame.copy()
-    for model, rows in frame.groupby("model"):
-        rows = rows.assign(at_s=rows["sent_s"] + rows["route_s"]).sort_values("at_s")
-        requests = RequestSet(rows["at_s"].to_numpy(float), rows["prompt_len"].to_numpy(np.int64),
-                              rows["tokens"].clip(lower=1).to_numpy(np.int64))
-        result = replica_simulator(device, catalog.model(model)).run(requests)
+    groups = [(model, rows.assign(at_s=rows["sent_s"] + rows["route_s"]).sort_values("at_s"))
+              for model, rows in frame.groupby("model")]
+    request_sets = [RequestSet(rows["at_s"].to_numpy(float), rows["prompt_len"].to_numpy(np.int64),
+                               rows["tokens"].clip(lower=1).to_numpy(np.int64)) for _, rows in groups]
+    sims = [replica_simulator(device, catalog.model(model)) for model, _ in groups]
+    results, _ = simulate_colocated(sims, request_sets, device.gpu.neighbour_slowdown)
+    for (model, rows), requests, result in zip(groups, request_sets, results, strict=True):
         ttft = result.first_token_s - requests.arrival_s + rows["route_s"].to_numpy(float)
         e2e = result.finish_s - requests.arrival_s + rows["route_s"].to_numpy(float)
         out.loc[rows.index, f"{prefix}_ttft"] = ttft

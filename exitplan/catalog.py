@@ -101,6 +101,13 @@ class Gpu(StrictModel):
     efficiency: Efficiency
     """Achievable fractions of peak compute, memory bandwidth and link bandwidth (with their source)."""
 
+    neighbour_slowdown: float = Field(default=0.0, ge=0, le=10)
+    """Share by which each replica's steps take longer per other replica of this device busy at the same time (0:
+    replicas do not slow each other, every catalog GPU: each owns its GPUs). A CPU device's replicas share one host:
+    its memory system, and the cores that their API servers, the coordinator and the clients also run on.
+    ``profile_vllm`` measures it: a replica's decode step while every other replica decodes, over the same step
+    alone (:mod:`exitplan.simulator.colocation` applies it)."""
+
     @property
     def memory_bytes(self) -> float:
         """Device memory in bytes."""

@@ -67,9 +67,10 @@ def quality_function(scores: np.ndarray, qualities: np.ndarray, steps: int) -> t
 
 def problem_from(db: Any, prices: Mapping[str, float], available: Mapping[str, int], models: Sequence[str],
                  quality: Any, load: float, budget: float, metric: str, budget_points: int,
-                 target_latency: float | None, shares: Sequence[float] = (1.0,)) -> PlanProblem:
+                 target_latency: float | None, shares: Sequence[float] = (1.0,),
+                 neighbour_slowdown: Mapping[str, float] | None = None) -> PlanProblem:
     """The co-optimisation problem: candidates per model from the perf DB (knapsack over a budget grid, at each
-    share of the load the model may be routed)."""
+    share of the load the model may be routed); ``neighbour_slowdown`` as :class:`PlanProblem` takes it."""
     curves: dict[str, Mapping[tuple, LatencyCurve]] = {}
     candidates: dict[str, list[Candidate]] = {}
     for m in models:
@@ -80,7 +81,8 @@ def problem_from(db: Any, prices: Mapping[str, float], available: Mapping[str, i
         candidates[m] = sorted(found, key=lambda c: c.cost)
         if not candidates[m]:
             raise ExitplanError(f"{m}: no deployment fits {dict(available)} GPUs and ${budget}/h")
-    return PlanProblem(list(models), candidates, curves, load, budget, available, quality)
+    return PlanProblem(list(models), candidates, curves, load, budget, available, quality,
+                       dict(neighbour_slowdown or {}))
 
 
 def read_tables(paths: Sequence[tuple[Path, str]]) -> Any:

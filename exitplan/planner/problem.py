@@ -5,8 +5,8 @@ smallest model first) and ``K`` deployment coordinates (each picks one of its mo
 Budget and GPU availability are hard constraints: :meth:`PlanProblem.repair` steps the dearest model down its
 candidate list until the plan is feasible, so every evaluated plan is one that could be deployed. A model with no
 load is not deployed (costs nothing). Evaluation is a perf-DB look-up: each model's latency at its share of the load
-under the best split over its replicas; the plan's latency is the worst of the loaded models'; quality is the
-routing curve Q(f).
+under the best split over its replicas (replicas that share a host slowed by their busy neighbours); the plan's
+latency is the worst of the loaded models'; quality is the routing curve Q(f).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from exitplan.planner.candidates import Candidate
-from exitplan.simulator.curve import INF, LatencyCurve
+from exitplan.simulator.colocation import fixed_point, slowdowns, slowed_curve
+from exitplan.simulator.curve import INF, LatencyCurve, best_split
 
 MIN_SHARE = 1e-3
 """A model whose load fraction is below this is not deployed."""
@@ -54,6 +55,9 @@ class PlanProblem:
         budget: US$/h cap.
         available: GPU type -> GPUs available.
         quality: Fractions (``K``) -> mean quality (the routing curve).
+        neighbour_slowdown: GPU type -> its ``neighbour_slowdown``, for the types whose replicas share a host (a
+            CPU device): the plan's replicas on one are slowed by each other's busy shares
+            (:mod:`exitplan.simulator.colocation`). Empty: every replica owns its GPUs.
     """
 
     models: list[str]
@@ -63,6 +67,7 @@ class PlanProblem:
     budget: float
     available: Mapping[str, int]
     quality: Callable[[np.ndarray], float]
+    neighbour_slowdown: Mapping[str, float] = field(default_factory=dict)
     _cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -155,11 +160,42 @@ class PlanProblem:
         """Latency, quality and cost of given fractions and candidate choices (no repair)."""
         key = (tuple(np.round(fractions, 6)), tuple(choice))
         if key not in self._cache:
-            latency = max(self.model_latency(i, c, f) for i, (c, f) in enumerate(zip(choice, fractions,
-                                                                                     strict=True)))
+            shared = self.colocated_latencies(fractions, choice)
+            latency = max(shared) if shared is not None else max(
+                self.model_latency(i, c, f) for i, (c, f) in enumerate(zip(choice, fractions, strict=True)))
             self._cache[key] = Plan(tuple(float(x) for x in fractions), tuple(choice), float(latency),
                                     float(self.quality(fractions)), float(self.cost(fractions, choice)))
         return self._cache[key]
+
+
+    def colocated_latencies(self, fractions: np.ndarray, choice: Sequence[int]) -> list[float] | None:
+        """Each loaded model's P95 with the replicas that share a host slowed by their neighbours (the mean field
+        of :mod:`exitplan.simulator.colocation` over the perf DB's curves and busy shares); ``None`` when no shared
+        GPU type holds two or more of the plan's replicas (then the plain look-up is exact)."""
+        loaded = [(self.candidates[m][k], f * self.load, self.curves[m])
+                  for m, k, f in zip(self.models, choice, fractions, strict=True) if f >= MIN_SHARE]
+        gpus = np.asarray([g.gpu for cand, _, _ in loaded for g in cand.groups for _ in range(g.dp)])
+        rate = np.asarray([self.neighbour_slowdown.get(str(g), 0.0) for g in gpus])
+        if not any(c > 0 and np.sum(gpus == g) >= 2 for g, c in zip(gpus, rate, strict=True)):
+            return None
+        curves = [cand.replica_curves(c) for cand, _, c in loaded]
+
+        def split(s: np.ndarray) -> list[tuple[np.ndarray, float]]:
+            edges = np.cumsum([0, *map(len, curves)])
+            return [best_split(load, [slowed_curve(c, x) for c, x in zip(cs, s[a:b], strict=True)])
+                    for (_, load, _), cs, a, b in zip(loaded, curves, edges[:-1], edges[1:], strict=True)]
+
+        def update(s: np.ndarray) -> np.ndarray:
+            flat = [c for cs in curves for c in cs]
+            loads = np.concatenate([q for q, _ in split(s)])
+            busy = np.asarray([c.busy_at(x * q) for c, x, q in zip(flat, s, loads, strict=True)])
+            new = np.ones(len(s))
+            for g in set(gpus.tolist()):
+                mine = gpus == g
+                new[mine] = slowdowns(busy[mine], rate[mine])
+            return new
+
+        return [latency for _, latency in split(fixed_point(update, len(gpus)))]
 
 
 def pareto(plans: Sequence[Plan]) -> list[Plan]:

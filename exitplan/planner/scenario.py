@@ -49,14 +49,15 @@ def binding_constraint(truth: list, scenario: PlanScenario) -> str:
 
 
 def describe(problem: Any, plan: Any, window: np.ndarray, db: Any, **extra: Any) -> Plan:
-    """The plan file: per model its fraction, threshold, GPU groups, replica load weights, predicted P95/P99
-    (``db``: the perf DB the P99 curves come from; ``extra``: the scenario's other fields of :class:`Plan`)."""
+    """The plan file: per model its fraction, threshold, GPU groups, replica load weights, predicted P95 (with
+    co-located replicas slowed by their neighbours, as the plan was evaluated) and P99 (``db``: the perf DB the P99 curves come from; ``extra``: the scenario's other fields of :class:`Plan`)."""
     from exitplan.planner.build import deployment_curves
     from exitplan.routing.fractions import thresholds
     from exitplan.simulator.curve import best_split
 
     cuts = thresholds(window, plan.fractions)
     models = []
+    shared = iter(problem.colocated_latencies(np.asarray(plan.fractions), plan.choice) or [])
     for m, c, f in zip(problem.models, plan.choice, plan.fractions, strict=True):
         cand = problem.candidates[m][c]
         load = f * problem.load
@@ -65,6 +66,7 @@ def describe(problem: Any, plan: Any, window: np.ndarray, db: Any, **extra: Any)
             weights, p95 = best_split(load, cand.replica_curves(problem.curves[m]))
             p99_curves = deployment_curves(db, m, [g.gpu for g in cand.groups], "e2e_p99_s")
             _, p99 = best_split(load, cand.replica_curves(p99_curves))
+            p95 = next(shared, p95)  # slowed by host neighbours (P99 as if alone)
             entry.update(cost_per_hour=cand.cost, predicted_p95_s=p95, predicted_p99_s=p99,
                          replica_weights=list(np.asarray(weights) / load),
                          groups=[GroupPlan(gpu=g.gpu, tp=g.tp, pp=g.pp, dp=g.dp, gpus=g.gpus, layers=g.layers)
@@ -154,13 +156,15 @@ def _front_frame(mobo: list, truth: list, marks: dict[str, Any]) -> Any:
 def scenario_problem(section: PlanParams, scenario: PlanScenario, db: Any, catalog: Catalog,
                      routing: TrainedRouter) -> PlanProblem:
     """The scenario's co-optimisation problem: deployment candidates per model from ``db`` (knapsack per model and
-    load share) within its GPUs and budget, with the router's quality function."""
+    load share) within its GPUs and budget, with the router's quality function; replicas on a GPU type whose
+    replicas share a host (the catalog's ``neighbour_slowdown``: this machine's vLLM device) slow each other."""
     from exitplan.planner.build import problem_from
 
     prices = {g: catalog.gpu(g).price_per_hour for g in scenario.gpus}
+    shared = {g: catalog.gpu(g).neighbour_slowdown for g in scenario.gpus if catalog.gpu(g).neighbour_slowdown > 0}
     return problem_from(db, prices, scenario.gpus, scenario.models, routing.quality, scenario.load_qps,
                         scenario.budget_per_hour, section.metric, section.budget_points, scenario.max_p95_s,
-                        section.load_shares)
+                        section.load_shares, shared)
 
 
 def plan_scenario(section: PlanParams, scenario: PlanScenario, db: Any, catalog: Catalog, routing: TrainedRouter,

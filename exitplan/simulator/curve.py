@@ -23,14 +23,17 @@ class LatencyCurve:
         qps: Grid loads, increasing; shape ``k``.
         latency: Latency at each grid load; shape ``k``.
         capacity: Highest load the deployment sustains (the last unsaturated grid point).
+        busy: Share of the time the replica is in iterations at each grid load (none: not recorded).
     """
 
     qps: np.ndarray
     latency: np.ndarray
     capacity: float
+    busy: np.ndarray | None = None
 
     @classmethod
-    def from_points(cls, qps: np.ndarray, latency: np.ndarray, saturated: np.ndarray | None = None) -> LatencyCurve:
+    def from_points(cls, qps: np.ndarray, latency: np.ndarray, saturated: np.ndarray | None = None,
+                    busy: np.ndarray | None = None) -> LatencyCurve:
         """Build from grid points; the curve ends before the first saturated (or non-finite) point."""
         order = np.argsort(qps)
         qps, latency = np.asarray(qps, float)[order], np.asarray(latency, float)[order]
@@ -38,10 +41,21 @@ class LatencyCurve:
         if saturated is not None:
             bad |= np.asarray(saturated, bool)[order]
         stop = int(np.argmax(bad)) if bad.any() else len(qps)
+        if busy is not None:
+            busy = np.asarray(busy, float)[order][:stop]
+            busy = None if not np.all(np.isfinite(busy)) else np.maximum.accumulate(np.clip(busy, 0.0, 1.0))
         if stop == 0:
-            return cls(qps[:0], latency[:0], 0.0)
+            return cls(qps[:0], latency[:0], 0.0, busy)
         kept_q, kept_l = qps[:stop], np.maximum.accumulate(latency[:stop])
-        return cls(kept_q, kept_l, float(kept_q[-1]))
+        return cls(kept_q, kept_l, float(kept_q[-1]), busy)
+
+    def busy_at(self, load: float) -> float:
+        """Share of the time the replica is busy at ``load``: linear from 0 at no load to the first grid point, then
+        interpolated; 1 beyond capacity, and 1 everywhere when the busy shares were not recorded (a neighbour taken
+        as always busy: the cautious reading)."""
+        if self.busy is None or self.capacity <= 0 or load > self.capacity * (1 + 1e-9):
+            return 1.0 if load > 0 else 0.0
+        return float(np.interp(load, np.concatenate([[0.0], self.qps]), np.concatenate([[0.0], self.busy])))
 
     def __call__(self, load: float | np.ndarray) -> np.ndarray:
         """Latency at ``load`` (inf beyond capacity)."""

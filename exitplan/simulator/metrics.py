@@ -37,7 +37,8 @@ def summarize(results: Sequence[ReplicaResult]) -> dict[str, Any]:
     """The metrics of the command-line contract, over every replica's served requests.
 
     TPOT is ``(e2e - ttft) / (output tokens - 1)`` over requests with at least two output tokens.
-    Throughput counts completed requests (and their output tokens) over first arrival to last finish.
+    Throughput counts completed requests (and their output tokens) over first arrival to last finish; the busy
+    fraction is the share of that span the replicas spent in iterations (the mean over the replicas).
     """
     r = per_request(results)
     ttft = r["first_token_s"] - r["arrival_s"]
@@ -59,5 +60,6 @@ def summarize(results: Sequence[ReplicaResult]) -> dict[str, Any]:
         "kv_utilisation": float(np.average([x.kv_utilisation for x in results],
                                            weights=[max(x.busy_s, 1e-12) for x in results])),
         "busy_s": float(busy),
+        "busy_fraction": float(busy) / (span * len(results)) if span > 0 else float("nan"),
         "num_steps": int(sum(x.num_steps for x in results)),
     }

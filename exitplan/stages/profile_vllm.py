@@ -3,7 +3,8 @@
 Each model of ``profile_vllm.models`` is served by a vLLM CPU replica started exactly as ``exitplan deploy`` starts one
 (:mod:`exitplan.vllm.replica`: the rendered flags, its own pinned core, the ``vllm`` section's KV cache); the replicas
 start together, as many as the machine holds (their compiles overlap), and each is timed through its API
-(:mod:`exitplan.vllm.profile`) while the others stand by, as they do beside it in a deployment. The points are fitted
+(:mod:`exitplan.vllm.profile`) while the others stand by, as they do beside it in a deployment, then once more while
+the others decode (the device's ``neighbour_slowdown``: what co-located replicas cost each other). The points are fitted
 like ``profile_device``'s, giving the catalog entry ``device_id`` and vLLM's per-step and per-sequence overheads, with
 which the simulator predicts a vLLM replica on this machine; ``device.yaml`` also records the engine knobs the replicas
 ran with.
@@ -11,6 +12,7 @@ ran with.
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any
 
@@ -34,11 +36,12 @@ def _waves(params: Params, names: list[str]) -> list[list[str]]:
     return waves
 
 
-def _rows_of(params: Params, names: list[str]) -> list[dict[str, Any]]:
+def _rows_of(params: Params, names: list[str]) -> tuple[list[dict[str, Any]], float | None]:
     """Serve ``names`` on vLLM replicas started together (each on its own cores, as a deployment starts them, so
-    their compiles overlap), time each in turn while the others stand by, stop them all."""
+    their compiles overlap), time each in turn while the others stand by, then each beside the others busy, stop them
+    all. Returns the rows and the neighbour slowdown (none with one replica)."""
     from exitplan.vllm import replica as vllm_replica
-    from exitplan.vllm.profile import measure
+    from exitplan.vllm.profile import measure, neighbour_slowdown
     from exitplan.vllm.truncate import read_layers
 
     section, settings = params.profile_vllm, params.vllm
@@ -56,7 +59,13 @@ def _rows_of(params: Params, names: list[str]) -> list[dict[str, Any]]:
             rows += [{"model": name, **row} for row in measure(
                 replica.url, name, read_layers(params.checkpoint_path(name)), section.batch_sizes, section.contexts,
                 section.prefill_lengths, section.tokens, section.repeats)]
-        return rows
+        if len(started) < 2:
+            return rows, None
+        context, batch = min(section.contexts), min(section.batch_sizes)
+        alone = [next(r["seconds"] for r in rows if (r["model"], r["kind"], r["batch"], r["context"]) ==
+                      (name, "decode", batch, context + section.tokens // 2)) for name in names]
+        return rows, neighbour_slowdown([(r.url, n) for r, n in zip(started, names, strict=True)], alone, batch,
+                                        context, section.tokens, section.repeats)
     finally:
         for replica in started:
             vllm_replica.stop(replica.process)
@@ -75,7 +84,10 @@ def main(params: Params) -> dict[str, Any]:
 
     section = params.profile_vllm
     began = time.perf_counter()
-    rows = [row for wave in _waves(params, list(section.models)) for row in _rows_of(params, wave)]
+    waves = [_rows_of(params, wave) for wave in _waves(params, list(section.models))]
+    rows = [row for wave_rows, _ in waves for row in wave_rows]
+    measured = [s for _, s in waves if s is not None]
+    slowdown = statistics.fmean(measured) if measured else 0.0  # one replica at a time: no neighbour measured
     dtype = replica_dtype(params)  # float32 on a CPU without bfloat16 kernels
     size = DTYPE_BYTES[dtype]
     catalog = load_catalog(params.path(params.catalog))
@@ -89,7 +101,8 @@ def main(params: Params) -> dict[str, Any]:
     probe = run_probe(reference_model(catalog, list(section.models)), dtype, params.calibrate.repeats,
                       params.vllm.threads_per_replica)
     metrics = fit_and_write(rows, models, section.device_id, memory, section.price_per_hour,
-                            params.path(section.output_dir), probe, engine)
+                            params.path(section.output_dir), probe, engine, slowdown)
+    metrics["neighbour_slowdown"] = slowdown
     decode = [r for r in rows if r["kind"] == "decode"]
     shortest = min(r["context"] for r in decode)
     metrics.update({f"decode_tok_s_b{r['batch']}_{r['model'].split('/')[-1]}": r["batch"] / r["seconds"]

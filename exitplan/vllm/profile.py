@@ -11,6 +11,9 @@ its passes are timed from outside, where its own streaming shows them:
   over the steps). The warm-up and the repeats of a point send the same prompts: vLLM's prefix cache then holds
   their KV, so only the warm-up pays the ``b x c`` prefill tokens (two thirds of the stage's time when every run
   paid them) and a decode step reads the same context either way.
+- **beside busy neighbours** (:func:`neighbour_slowdown`): the decode step at batch 1 again, while every other
+  replica of the host decodes a stream of its own; over the step alone, it is what a replica loses to its neighbours
+  (the memory system and the cores their API servers share), which the simulator applies to co-located replicas.
 - **prefill** of ``n`` tokens: a single request of ``n`` prompt tokens and one output token, timed whole, minus
   nothing (the HTTP round trip, a millisecond here, goes into the fitted per-step overhead).
 
@@ -34,14 +37,18 @@ from exitplan.errors import ExitplanError
 VOCAB_LOW, VOCAB_HIGH = 1000, 20000
 """Token ids the synthetic prompts draw from (ordinary tokens of every vocabulary here)."""
 
+BUSY_TOKENS = 1024
+"""Tokens a neighbour's stream asks for while a replica is timed beside it (it is cancelled long before; its context
+plus these stays within the replicas' ``max_model_len``)."""
+
 
 def _prompt(rng: np.random.Generator, length: int) -> list[int]:
     return rng.integers(VOCAB_LOW, VOCAB_HIGH, size=length).tolist()
 
 
 async def _stream_gaps(client: httpx.AsyncClient, url: str, model: str, prompt: list[int],
-                       tokens: int) -> list[float]:
-    """Arrival times of the events of one streamed completion."""
+                       tokens: int, first: asyncio.Event | None = None) -> list[float]:
+    """Arrival times of the events of one streamed completion (``first`` is set at its first event)."""
     body = {"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
             "stream": True}
     times = []
@@ -50,6 +57,8 @@ async def _stream_gaps(client: httpx.AsyncClient, url: str, model: str, prompt: 
         async for line in reply.aiter_lines():
             if line.startswith("data: {"):
                 times.append(time.perf_counter())
+                if first is not None:
+                    first.set()
     return times
 
 
@@ -58,6 +67,59 @@ async def decode_step(url: str, model: str, prompts: Sequence[list[int]], tokens
     async with httpx.AsyncClient(timeout=600) as client:
         streams = await asyncio.gather(*(_stream_gaps(client, url, model, prompt, tokens) for prompt in prompts))
     return batch_step_seconds(streams)
+
+
+async def decode_step_beside(url: str, model: str, prompts: Sequence[list[int]], tokens: int,
+                             neighbours: Sequence[tuple[str, str, list[int]]]) -> float:
+    """:func:`decode_step` while every neighbour replica decodes a stream of its own the whole time.
+
+    Args:
+        url: The timed replica.
+        model: Its model.
+        prompts: The timed batch.
+        tokens: Tokens each timed stream decodes.
+        neighbours: ``(url, model, prompt)`` of each other replica: a stream with no end in sight is started on
+            each, the timed batch starts once every one of them has sent its first token (its prefill is done), and
+            they are cancelled (vLLM aborts them) when it ends.
+    """
+    async with httpx.AsyncClient(timeout=600) as client:
+        started = [asyncio.Event() for _ in neighbours]
+        busy = [asyncio.create_task(_stream_gaps(client, u, m, p, BUSY_TOKENS, e))
+                for (u, m, p), e in zip(neighbours, started, strict=True)]
+        try:
+            await asyncio.gather(*(e.wait() for e in started))
+            streams = await asyncio.gather(*(_stream_gaps(client, url, model, prompt, tokens) for prompt in prompts))
+        finally:
+            for task in busy:
+                task.cancel()
+            await asyncio.gather(*busy, return_exceptions=True)
+    return batch_step_seconds(streams)
+
+
+def neighbour_slowdown(replicas: Sequence[tuple[str, str]], alone: Sequence[float], batch: int, context: int,
+                       tokens: int, repeats: int, seed: int = 1) -> float:
+    """The share by which a replica's decode step (``batch`` x ``context``) takes longer per neighbour that decodes
+    at the same time: each replica timed while all the others decode, over its time ``alone``; the mean over the
+    replicas, per neighbour, never below 0 (the catalog's ``Gpu.neighbour_slowdown``).
+
+    Args:
+        replicas: ``(url, model)`` of every replica on this host (two or more).
+        alone: Each replica's decode step at ``batch`` and ``context`` with the others standing by (seconds).
+        batch: Streams of the timed batch.
+        context: Prompt tokens of every stream.
+        tokens: Tokens each timed stream decodes.
+        repeats: Timed runs per replica (median taken), after one warm-up.
+    """
+    if len(replicas) < 2 or len(alone) != len(replicas):
+        raise ExitplanError("the neighbour slowdown needs two or more replicas and a lone step time of each")
+    rng = np.random.default_rng(seed)
+    ratios = []
+    for i, (url, model) in enumerate(replicas):
+        prompts = [_prompt(rng, context) for _ in range(batch)]
+        others = [(u, m, _prompt(rng, context)) for j, (u, m) in enumerate(replicas) if j != i]
+        times = [asyncio.run(decode_step_beside(url, model, prompts, tokens, others)) for _ in range(repeats + 1)]
+        ratios.append(statistics.median(times[1:]) / alone[i])
+    return max(0.0, (statistics.fmean(ratios) - 1) / (len(replicas) - 1))
 
 
 def batch_step_seconds(streams: Sequence[Sequence[float]]) -> float:
