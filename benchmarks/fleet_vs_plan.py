@@ -165,7 +165,7 @@ def predict(catalog, frame: pd.DataFrame, device, prefix: str) -> pd.DataFrame:
                                rows["tokens"].clip(lower=1).to_numpy(np.int64)) for _, rows in groups]
     sims = [replica_simulator(device, catalog.model(model)) for model, _ in groups]
     results, _ = simulate_colocated(sims, request_sets, device.gpu.neighbour_slowdown)
-    for (model, rows), requests, result in zip(groups, request_sets, results, strict=True):
+    for (_, rows), requests, result in zip(groups, request_sets, results, strict=True):
         ttft = result.first_token_s - requests.arrival_s + rows["route_s"].to_numpy(float)
         e2e = result.finish_s - requests.arrival_s + rows["route_s"].to_numpy(float)
         out.loc[rows.index, f"{prefix}_ttft"] = ttft

@@ -50,7 +50,8 @@ def binding_constraint(truth: list, scenario: PlanScenario) -> str:
 
 def describe(problem: Any, plan: Any, window: np.ndarray, db: Any, **extra: Any) -> Plan:
     """The plan file: per model its fraction, threshold, GPU groups, replica load weights, predicted P95 (with
-    co-located replicas slowed by their neighbours, as the plan was evaluated) and P99 (``db``: the perf DB the P99 curves come from; ``extra``: the scenario's other fields of :class:`Plan`)."""
+    co-located replicas slowed by their neighbours, as the plan was evaluated) and P99 (``db``: the perf DB the P99
+    curves come from; ``extra``: the scenario's other fields of :class:`Plan`)."""
     from exitplan.planner.build import deployment_curves
     from exitplan.routing.fractions import thresholds
     from exitplan.simulator.curve import best_split

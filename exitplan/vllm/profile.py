@@ -109,6 +109,7 @@ def neighbour_slowdown(replicas: Sequence[tuple[str, str]], alone: Sequence[floa
         context: Prompt tokens of every stream.
         tokens: Tokens each timed stream decodes.
         repeats: Timed runs per replica (median taken), after one warm-up.
+        seed: Seed of the synthetic prompts.
     """
     if len(replicas) < 2 or len(alone) != len(replicas):
         raise ExitplanError("the neighbour slowdown needs two or more replicas and a lone step time of each")

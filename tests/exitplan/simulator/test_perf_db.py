@@ -42,3 +42,15 @@ def test_a_sweep_stops_simulating_after_saturation(catalog: Catalog) -> None:
                         EngineParams(), [2, 200, 400], lengths, 200, 0)
     assert [r["saturated"] for r in rows] == [False, True, True]
     assert np.isnan(rows[2]["e2e_p95_s"]) and not np.isnan(rows[1]["e2e_p95_s"])
+
+
+def test_a_sweep_records_how_busy_the_replica_is_at_each_load(catalog: Catalog) -> None:
+    lengths = (np.full(50, 40), np.full(50, 300))
+    rows = sweep_layout(catalog.model(LLAMA7), catalog.gpu("rtx-4090"), Layout("rtx-4090", 1, 1, 32),
+                        EngineParams(), [0.05, 0.5, 2.0], lengths, 200, 0)
+    busy = [r["busy_fraction"] for r in rows]
+    assert 0 < busy[0] < busy[1] < busy[2] <= 1.0
+    # at a light load: at most load x mean run time (Little's law: the mean number in the system, which counts
+    # overlapping requests once each), and not far below it when few overlap
+    in_system = 0.05 * rows[0]["e2e_mean_s"]
+    assert 0.7 * in_system < busy[0] <= in_system

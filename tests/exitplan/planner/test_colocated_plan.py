@@ -1,0 +1,47 @@
+"""A plan whose replicas share a host: the planner's mean field against the fixed point solved by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from exitplan.planner.candidates import Candidate, Group
+from exitplan.planner.problem import PlanProblem
+from exitplan.simulator.curve import LatencyCurve
+
+GRID = np.asarray([0.5, 1.0, 2.0, 4.0])
+
+
+def _curve(base: float, slope: float, busy_per_qps: float) -> LatencyCurve:
+    # latency base + slope * q, busy share busy_per_qps * q: both linear, so the fixed point has a closed form
+    return LatencyCurve.from_points(GRID, base + slope * GRID, busy=busy_per_qps * GRID)
+
+
+def _problem(shared: dict[str, float], gpu_b: str = "cpu") -> PlanProblem:
+    curves = {"a": {("cpu", 1, 1, 10): _curve(1.0, 0.5, 0.2)}, "b": {(gpu_b, 1, 1, 20): _curve(2.0, 1.0, 0.15)}}
+    candidates = {"a": [Candidate((Group("cpu", 1, 1, 1, 10, 0.1),))],
+                  "b": [Candidate((Group(gpu_b, 1, 1, 1, 20, 0.1),))]}
+    return PlanProblem(["a", "b"], candidates, curves, load=2.0, budget=10.0, available={"cpu": 2, "gpu": 1},
+                       quality=lambda f: float(f[1]), neighbour_slowdown=shared)
+
+
+def test_replicas_on_one_host_meet_at_the_hand_solved_fixed_point() -> None:
+    c, fractions = 0.4, np.asarray([0.5, 0.5])  # 1 req/s each
+    # s_a = 1 + c * u_b(s_b * 1), s_b = 1 + c * u_a(s_a * 1) with u_a = 0.2 q, u_b = 0.15 q:
+    # s_a = 1 + 0.06 s_b, s_b = 1 + 0.08 s_a, a linear system; the latency at the inflated load, stretched by s
+    a, b = c * 0.15, c * 0.2
+    s_a, s_b = (1 + a) / (1 - a * b), (1 + b) / (1 - a * b)
+    latency_a, latency_b = s_a * (1.0 + 0.5 * s_a), s_b * (2.0 + 1.0 * s_b)
+    got = _problem({"cpu": c}).colocated_latencies(fractions, (0, 0))
+    assert got == pytest.approx([latency_a, latency_b], rel=1e-3)
+    plan = _problem({"cpu": c}).evaluate_plan(fractions, (0, 0))
+    assert plan.latency == pytest.approx(latency_b, rel=1e-3)
+    assert plan.latency > _problem({}).evaluate_plan(fractions, (0, 0)).latency == pytest.approx(3.0)
+
+
+def test_replicas_on_separate_devices_are_looked_up_alone() -> None:
+    problem = _problem({"cpu": 0.4}, gpu_b="gpu")  # one replica on the shared type: no neighbour
+    assert problem.colocated_latencies(np.asarray([0.5, 0.5]), (0, 0)) is None
+    assert problem.evaluate_plan(np.asarray([0.5, 0.5]), (0, 0)).latency == pytest.approx(3.0)
+    # a model with no load deploys nothing, so it slows no one
+    assert _problem({"cpu": 0.4}).colocated_latencies(np.asarray([1.0, 0.0]), (0, 0)) is None

@@ -1,0 +1,84 @@
+"""Replicas that share a host: the mean field of ``simulator.colocation``, checked against hand-computed values and
+against a device that really is slower."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from exitplan.catalog import Catalog
+from exitplan.config import EngineParams
+from exitplan.simulator.colocation import run_slowed, simulate_colocated, slowdowns, slowed_curve
+from exitplan.simulator.cost_model import ReplicaSpec
+from exitplan.simulator.curve import LatencyCurve
+from exitplan.simulator.replica import ReplicaSimulator, RequestSet
+from exitplan.simulator.requests import generate_requests
+
+LLAMA7 = "meta-llama/Llama-2-7b-hf"
+
+
+def _requests(n: int, qps: float, seed: int) -> RequestSet:
+    rng = np.random.default_rng(seed)
+    base = generate_requests(n, qps, 1, 1, seed=seed)
+    return RequestSet(base.arrival_s, rng.integers(20, 800, n), rng.integers(2, 300, n))
+
+
+def test_each_replica_is_slowed_by_the_others_busy_shares() -> None:
+    # 1 + c * (sum of the others): 1 + 0.1 * 0.2, 1 + 0.1 * 0.5; a third idle replica is slowed by both
+    assert slowdowns([0.5, 0.2, 0.0], 0.1) == pytest.approx([1.02, 1.05, 1.07])
+    assert slowdowns([1.0, 1.0], 0.0) == pytest.approx([1.0, 1.0])
+
+
+def test_a_slowed_run_is_the_run_of_a_device_that_slow(catalog: Catalog) -> None:
+    # every cost of the device halved in speed (compute, bandwidth, the engine's overheads): each step takes twice
+    # as long, which is what the time-rescaled run claims without touching the device
+    gpu = catalog.gpu("a100-80g")
+    slow_gpu = gpu.model_copy(update={"bf16_tflops": gpu.bf16_tflops / 2,
+                                      "hbm_bandwidth_gbps": gpu.hbm_bandwidth_gbps / 2})
+    engine = EngineParams(step_overhead_s=1e-3, seq_overhead_s=1e-4)
+    slow_engine = EngineParams(step_overhead_s=2e-3, seq_overhead_s=2e-4)
+    model = catalog.model(LLAMA7)
+    requests = _requests(120, 6.0, 0)
+    rescaled = run_slowed(ReplicaSimulator(ReplicaSpec(model, gpu), engine), requests, 2.0)
+    real = ReplicaSimulator(ReplicaSpec(model, slow_gpu), slow_engine).run(requests)
+    np.testing.assert_allclose(rescaled.finish_s, real.finish_s, rtol=1e-9)
+    np.testing.assert_allclose(rescaled.first_token_s, real.first_token_s, rtol=1e-9)
+    assert rescaled.busy_s == pytest.approx(real.busy_s, rel=1e-9)
+    assert np.array_equal(rescaled.requests.arrival_s, requests.arrival_s)
+
+
+def test_colocated_replicas_settle_where_the_slowdowns_match_the_busy_shares(catalog: Catalog) -> None:
+    gpu, model = catalog.gpu("rtx-4090"), catalog.model(LLAMA7)
+    sims = [ReplicaSimulator(ReplicaSpec(model, gpu)), ReplicaSimulator(ReplicaSpec(model, gpu))]
+    loads = [_requests(300, 3.0, 1), _requests(100, 1.0, 2)]  # one span of time, one replica three times as busy
+    alone, s0 = simulate_colocated(sims, loads, 0.0)
+    shared, s = simulate_colocated(sims, loads, 0.3)
+    assert np.array_equal(s0, [1.0, 1.0])
+    start = min(r.arrival_s[0] for r in loads)
+    end = max(float(np.nanmax(r.finish_s)) for r in shared)
+    busy = [r.busy_s / (end - start) for r in shared]
+    assert s == pytest.approx(slowdowns(busy, 0.3), abs=1e-3)  # the fixed point
+    assert s[1] > s[0] > 1.0  # the lightly loaded replica sits beside the busier one: it is slowed more
+    for a, b in zip(alone, shared, strict=True):
+        assert np.nanmean(b.finish_s - b.requests.arrival_s) > np.nanmean(a.finish_s - a.requests.arrival_s)
+
+
+def test_a_slowed_curve_reads_the_curve_at_the_inflated_load() -> None:
+    curve = LatencyCurve.from_points(np.asarray([1.0, 2.0, 4.0]), np.asarray([1.0, 2.0, 6.0]),
+                                     busy=np.asarray([0.2, 0.4, 0.8]))
+    slowed = slowed_curve(curve, 2.0)
+    assert float(slowed(1.0)) == pytest.approx(2 * float(curve(2.0)))  # 4.0
+    assert float(slowed(1.5)) == pytest.approx(2 * 4.0)  # curve(3.0) = 4.0
+    assert slowed.capacity == pytest.approx(2.0)
+    assert not np.isfinite(float(slowed(2.5)))
+
+
+def test_busy_shares_are_linear_from_idle_and_full_past_capacity() -> None:
+    curve = LatencyCurve.from_points(np.asarray([1.0, 2.0, 4.0]), np.asarray([1.0, 2.0, 6.0]),
+                                     busy=np.asarray([0.2, 0.4, 0.8]))
+    assert curve.busy_at(0.5) == pytest.approx(0.1)
+    assert curve.busy_at(3.0) == pytest.approx(0.6)
+    assert curve.busy_at(5.0) == 1.0
+    unknown = LatencyCurve.from_points(np.asarray([1.0, 2.0]), np.asarray([1.0, 2.0]))
+    assert unknown.busy_at(0.5) == 1.0  # not recorded: a neighbour taken as always busy
+    assert unknown.busy_at(0.0) == 0.0
