@@ -27,7 +27,8 @@ TOLERANCE = 1e-4
 """The fixed point is reached when no slowdown moves by more than this in a round."""
 
 
-def slowdowns(busy: Sequence[float], neighbour_slowdown: Sequence[float] | float) -> np.ndarray:
+def slowdowns(busy: Sequence[float] | np.ndarray,
+              neighbour_slowdown: Sequence[float] | np.ndarray | float) -> np.ndarray:
     """Each replica's step-time multiplier, ``1 + c_r * (sum of the others' busy shares)``.
 
     Args:
