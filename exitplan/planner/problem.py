@@ -167,11 +167,12 @@ class PlanProblem:
                                     float(self.quality(fractions)), float(self.cost(fractions, choice)))
         return self._cache[key]
 
-
     def colocated_latencies(self, fractions: np.ndarray, choice: Sequence[int]) -> list[float] | None:
         """Each loaded model's P95 with the replicas that share a host slowed by their neighbours (the mean field
         of :mod:`exitplan.simulator.colocation` over the perf DB's curves and busy shares); ``None`` when no shared
         GPU type holds two or more of the plan's replicas (then the plain look-up is exact)."""
+        if not self.neighbour_slowdown:  # every GPU type owns its replicas' devices: skip on the evaluation path
+            return None
         loaded = [(self.candidates[m][k], f * self.load, self.curves[m])
                   for m, k, f in zip(self.models, choice, fractions, strict=True) if f >= MIN_SHARE]
         gpus = np.asarray([g.gpu for cand, _, _ in loaded for g in cand.groups for _ in range(g.dp)])
@@ -179,14 +180,13 @@ class PlanProblem:
         if not any(c > 0 and np.sum(gpus == g) >= 2 for g, c in zip(gpus, rate, strict=True)):
             return None
         curves = [cand.replica_curves(c) for cand, _, c in loaded]
+        flat, edges = [c for cs in curves for c in cs], np.cumsum([0, *map(len, curves)])
 
         def split(s: np.ndarray) -> list[tuple[np.ndarray, float]]:
-            edges = np.cumsum([0, *map(len, curves)])
             return [best_split(load, [slowed_curve(c, x) for c, x in zip(cs, s[a:b], strict=True)])
                     for (_, load, _), cs, a, b in zip(loaded, curves, edges[:-1], edges[1:], strict=True)]
 
         def update(s: np.ndarray) -> np.ndarray:
-            flat = [c for cs in curves for c in cs]
             loads = np.concatenate([q for q, _ in split(s)])
             busy = np.asarray([c.busy_at(x * q) for c, x, q in zip(flat, s, loads, strict=True)])
             new = np.ones(len(s))

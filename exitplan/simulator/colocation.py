@@ -70,18 +70,19 @@ def simulate_colocated(sims: Sequence[ReplicaSimulator], requests: Sequence[Requ
         Each replica's result and its slowdown.
     """
     start = min(float(r.arrival_s[0]) for r in requests)
-    results: list[ReplicaResult] = []
+
+    def runs(s: np.ndarray) -> list[ReplicaResult]:
+        return [run_slowed(sim, r, float(x)) for sim, r, x in zip(sims, requests, s, strict=True)]
 
     def busy_of(s: np.ndarray) -> np.ndarray:
-        results[:] = [run_slowed(sim, r, float(x)) for sim, r, x in zip(sims, requests, s, strict=True)]
+        results = runs(s)
         end = max(float(np.nanmax(res.finish_s)) for res in results)
         return np.asarray([res.busy_s / max(end - start, 1e-12) for res in results])
 
-    if neighbour_slowdown <= 0 or len(sims) < 2:
-        return [sim.run(r) for sim, r in zip(sims, requests, strict=True)], np.ones(len(sims))
-    s = fixed_point(lambda x: slowdowns(busy_of(x), neighbour_slowdown), len(sims))
-    results[:] = [run_slowed(sim, r, float(x)) for sim, r, x in zip(sims, requests, s, strict=True)]
-    return list(results), s
+    s = np.ones(len(sims))
+    if neighbour_slowdown > 0 and len(sims) >= 2:
+        s = fixed_point(lambda x: slowdowns(busy_of(x), neighbour_slowdown), len(sims))
+    return runs(s), s
 
 
 def slowed_curve(curve: LatencyCurve, slowdown: float) -> LatencyCurve:
