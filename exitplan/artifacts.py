@@ -39,6 +39,9 @@ PERF_DB_FILE = "perf_db.parquet"
 EXIT_PROFILE_FILE = "profile.parquet"
 """Per token: model, data set, first confident exit per threshold (``exit_profile``)."""
 
+EXIT_CURVES_FILE = "curves.parquet"
+"""Per model, head kind, data set and exit: agreement with the final layer and perplexity (``exit_profile``)."""
+
 GATE_FILE = "gate.json"
 """The gate's report: every suite and its verdict (``gate``)."""
 
@@ -84,6 +87,11 @@ def calibration_path(params: Params, stage: str) -> Path:
 def exit_profile_path(params: Params) -> Path:
     """The per-token exit profile, written by ``exit_profile``."""
     return params.path(params.exit_profile.output_dir) / EXIT_PROFILE_FILE
+
+
+def exit_curves_path(params: Params) -> Path:
+    """The exit profile's agreement-by-depth table, written by ``exit_profile`` (the plan's quality by depth)."""
+    return params.path(params.exit_profile.output_dir) / EXIT_CURVES_FILE
 
 
 def plan_dir(params: Params, scenario: str) -> Path:

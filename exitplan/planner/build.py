@@ -15,13 +15,17 @@ from exitplan.simulator.curve import LatencyCurve
 from exitplan.simulator.perf_db import curve_of
 
 
-def deployment_curves(db: Any, model: str, gpus: Sequence[str], metric: str) -> dict[tuple, LatencyCurve]:
-    """Every full-depth layout of ``model`` on ``gpus`` in the perf DB, as latency curves.
+def deployment_curves(db: Any, model: str, gpus: Sequence[str], metric: str,
+                      layers: Sequence[int] | None = None) -> dict[tuple, LatencyCurve]:
+    """Every layout of ``model`` on ``gpus`` in the perf DB holding one of ``layers`` layers (default: the deepest
+    the perf DB holds, full depth), as latency curves.
 
     Raises:
         ExitplanError: if the perf DB has no layout of the model on those GPUs.
     """
     rows = db[(db["model"] == model) & db["gpu"].isin(list(gpus))]
+    if len(rows):
+        rows = rows[rows["layers"].isin(list(layers) if layers is not None else [int(rows["layers"].max())])]
     layouts = rows[["gpu", "tp", "pp", "layers"]].drop_duplicates().itertuples(index=False)
     curves = {(g, int(tp), int(pp), int(layers)): curve_of(db, model, g, int(tp), int(pp), int(layers), metric)
               for g, tp, pp, layers in layouts}
@@ -57,32 +61,45 @@ def quality_function(scores: np.ndarray, qualities: np.ndarray, steps: int) -> t
     values = quality_curve(scores, qualities, grid)
 
     def q(fractions: np.ndarray) -> float:
-        if len(fractions) == 2:
-            order = np.argsort(grid[:, 1])
-            return float(np.interp(fractions[1], grid[order, 1], values[order]))
-        return float(values[int(np.argmin(np.abs(grid - np.asarray(fractions)).sum(axis=1)))])
+        return interpolate(grid, values, fractions)
 
     return q, grid, values
+
+
+def interpolate(grid: np.ndarray, values: np.ndarray, fractions: np.ndarray) -> float:
+    """A curve tabulated on a fraction grid, at ``fractions``: linear in the large model's share for two models,
+    the nearest grid point for more."""
+    if len(fractions) == 2:
+        order = np.argsort(grid[:, 1])
+        return float(np.interp(fractions[1], grid[order, 1], values[order]))
+    return float(values[int(np.argmin(np.abs(grid - np.asarray(fractions)).sum(axis=1)))])
 
 
 def problem_from(db: Any, prices: Mapping[str, float], available: Mapping[str, int], models: Sequence[str],
                  quality: Any, load: float, budget: float, metric: str, budget_points: int,
                  target_latency: float | None, shares: Sequence[float] = (1.0,),
-                 neighbour_slowdown: Mapping[str, float] | None = None) -> PlanProblem:
+                 neighbour_slowdown: Mapping[str, float] | None = None,
+                 depths: Mapping[str, Sequence[int]] | None = None, depth_quality: Any = None) -> PlanProblem:
     """The co-optimisation problem: candidates per model from the perf DB (knapsack over a budget grid, at each
-    share of the load the model may be routed); ``neighbour_slowdown`` as :class:`PlanProblem` takes it."""
+    share of the load the model may be routed, and at each depth it may be cut to); ``neighbour_slowdown`` and
+    ``depth_quality`` as :class:`PlanProblem` takes them; ``depths``: model -> the layer counts its replicas may
+    hold (default: full depth only)."""
     curves: dict[str, Mapping[tuple, LatencyCurve]] = {}
     candidates: dict[str, list[Candidate]] = {}
     for m in models:
-        curves[m] = deployment_curves(db, m, list(prices), metric)
-        target = target_latency or float(np.median([c.latency[-1] for c in curves[m].values() if c.capacity]))
-        budgets = np.linspace(budget / budget_points, budget, budget_points).tolist()
-        found = mixed_candidates(curves[m], prices, load, available, budgets, target, shares)
+        mine = None if depths is None else depths.get(m)
+        curves[m] = deployment_curves(db, m, list(prices), metric, mine)
+        found = []
+        for layers in sorted({key[3] for key in curves[m]}):
+            at = {key: c for key, c in curves[m].items() if key[3] == layers}
+            target = target_latency or float(np.median([c.latency[-1] for c in at.values() if c.capacity]))
+            budgets = np.linspace(budget / budget_points, budget, budget_points).tolist()
+            found += mixed_candidates(at, prices, load, available, budgets, target, shares)
         candidates[m] = sorted(found, key=lambda c: c.cost)
         if not candidates[m]:
             raise ExitplanError(f"{m}: no deployment fits {dict(available)} GPUs and ${budget}/h")
     return PlanProblem(list(models), candidates, curves, load, budget, available, quality,
-                       dict(neighbour_slowdown or {}))
+                       dict(neighbour_slowdown or {}), depth_quality)
 
 
 def read_tables(paths: Sequence[tuple[Path, str]]) -> Any:

@@ -67,19 +67,35 @@ def gpu_preference(problem: PlanProblem) -> dict[str, dict[str, float]]:
 
 
 def preference_tables(problem: PlanProblem, prefs: Mapping[str, Mapping[str, float]]) -> list[np.ndarray]:
-    """Per model, ``sum_n a_mn s_mn`` of each of its candidates (indexed like the candidate list)."""
+    """Per model, ``sum_n a_mn s_mn`` of each of its candidates: indexed like the candidate list, or, when the
+    problem plans depth, a ``depths x candidates`` table indexed like the deployment coordinate at each depth
+    (rows padded with their last value)."""
     tables = []
-    for m in problem.models:
+    for i, m in enumerate(problem.models):
         row = []
         for cand in problem.candidates[m]:
             gpus = sum(g.gpus for g in cand.groups) or 1
             row.append(sum(g.gpus / gpus * prefs[m].get(g.gpu, 0.0) for g in cand.groups))
-        tables.append(np.asarray(row))
+        if problem.plans_depth:
+            rows = [[row[c] for c in problem.at_depth(i, d)] for d in problem.depths(i)]
+            width = max(map(len, rows))
+            tables.append(np.asarray([r + [r[-1]] * (width - len(r)) for r in rows]))
+        else:
+            tables.append(np.asarray(row))
     return tables
 
 
-def _preference_kernel(base, dims: list[int], tables: list[np.ndarray], beta: float):
-    """``w(x) k(x, x') w(x')`` with ``w`` the GPU-preference weight of the deployment ``x`` decodes to."""
+def _depth_counts(problem: PlanProblem) -> list[list[int]]:
+    """Per model, how many candidates each of its depths has (shallowest first); ``[]`` without depth."""
+    if not problem.plans_depth:
+        return [[] for _ in problem.models]
+    return [[len(problem.at_depth(i, d)) for d in problem.depths(i)] for i in range(len(problem.models))]
+
+
+def _preference_kernel(base, dims: list[int], tables: list[np.ndarray], beta: float,
+                       depth_dims: Sequence[int] = (), counts: Sequence[Sequence[int]] = ()):
+    """``w(x) k(x, x') w(x')`` with ``w`` the GPU-preference weight of the deployment ``x`` decodes to (its depth
+    coordinate picking the row of a 2-D table, ``counts`` the candidates at each depth)."""
     import torch
     from gpytorch.kernels import Kernel
 
@@ -88,12 +104,19 @@ def _preference_kernel(base, dims: list[int], tables: list[np.ndarray], beta: fl
             super().__init__()
             self.base = base
             self._tables = [torch.tensor(t, dtype=torch.double) for t in tables]
+            self._counts = [torch.tensor(list(c), dtype=torch.double) for c in counts]
 
         def weight(self, x: torch.Tensor) -> torch.Tensor:
             total = torch.zeros(x.shape[:-1], dtype=x.dtype)
-            for dim, table in zip(dims, self._tables, strict=True):
-                index = (x[..., dim] * len(table)).floor().clamp(0, len(table) - 1).long()
-                total = total + table[index]
+            for j, (dim, table) in enumerate(zip(dims, self._tables, strict=True)):
+                if table.dim() == 1:
+                    index = (x[..., dim] * len(table)).floor().clamp(0, len(table) - 1).long()
+                    total = total + table[index]
+                    continue
+                depth = (x[..., depth_dims[j]] * len(table)).floor().clamp(0, len(table) - 1).long()
+                n = self._counts[j][depth]
+                index = (x[..., dim] * n).floor().clamp(min=0).minimum(n - 1).long()
+                total = total + table[depth, index]
             return torch.exp(beta * total)
 
         def forward(self, x1: torch.Tensor, x2: torch.Tensor, diag: bool = False, **params) -> torch.Tensor:
@@ -113,15 +136,23 @@ def _kernel(problem: PlanProblem, structured: bool, tables: list[np.ndarray] | N
     d = problem.dim
     if not structured:
         return ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=d))
-    r, c = problem.routing_dims, problem.deployment_dims
+    r, c, z = problem.routing_dims, problem.deployment_dims, problem.depth_dims
     routing = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=len(r), active_dims=r))
     deployment = ScaleKernel(MaternKernel(nu=1.5, ard_num_dims=len(c), active_dims=c))
     if tables is not None and beta:
-        deployment = _preference_kernel(deployment, c, tables, beta)
+        deployment = _preference_kernel(deployment, c, tables, beta, z, _depth_counts(problem))
     product = ScaleKernel(ProductKernel(MaternKernel(nu=2.5, ard_num_dims=len(r), active_dims=r),
                                         MaternKernel(nu=1.5, ard_num_dims=len(c), active_dims=c)),
                           outputscale_prior=GammaPrior(1.0, 20.0))  # small interaction term
-    return routing + deployment + product
+    if not z:
+        return routing + deployment + product
+    # Depth: an ordered choice per model (its coordinate's cells are the depths, shallowest first, so nearby
+    # cells are nearby depths: a stationary kernel on the ordinal coordinate). Depth moves quality with the load
+    # routed to the model, so it interacts with routing too.
+    depth = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=len(z), active_dims=z))
+    with_routing = ScaleKernel(ProductKernel(MaternKernel(nu=2.5, ard_num_dims=len(r), active_dims=r),
+                                             MaternKernel(nu=2.5, ard_num_dims=len(z), active_dims=z)))
+    return routing + deployment + product + depth + with_routing
 
 
 def _feasibility_kernel(dim: int) -> Any:
@@ -155,36 +186,42 @@ def _corners(problem: PlanProblem) -> list[np.ndarray]:
     for i in range(k):
         theta = np.ones(problem.dim)
         theta[problem.routing_dims] = problem.routing_theta(np.eye(k)[i])
-        for j, m in enumerate(problem.models):
-            theta[problem.deployment_dims[j]] = 1.0 - 0.5 / len(problem.candidates[m])
+        full = [problem.at_depth(j, problem.depths(j)[-1])[-1] for j in range(k)]
+        _set_choice(problem, theta, full)
         points.append(theta)
     return points
 
 
-def _cheapest_each(problem: PlanProblem, fractions: np.ndarray) -> list[int] | None:
-    """Per model, its cheapest candidate that carries its share of the load (candidate 0 for an unloaded model);
-    ``None`` when a loaded model has none, whatever the budget."""
+def _cheapest_each(problem: PlanProblem, fractions: np.ndarray,
+                   layers: Sequence[int] | None = None) -> list[int] | None:
+    """Per model, its cheapest candidate at ``layers`` (default: full depth) that carries its share of the load
+    (its depth's cheapest for an unloaded model); ``None`` when a loaded model has none, whatever the budget."""
     choice = []
-    for i, (m, f) in enumerate(zip(problem.models, fractions, strict=True)):
+    for i, f in enumerate(fractions):
+        same = problem.at_depth(i, problem.depths(i)[-1] if layers is None else layers[i])
         if f < MIN_SHARE:
-            choice.append(0)
+            choice.append(same[0])
             continue
-        carrying = [c for c in range(len(problem.candidates[m])) if problem.model_latency(i, c, f) < INF]
+        carrying = [c for c in same if problem.model_latency(i, c, f) < INF]
         if not carrying:
             return None
         choice.append(carrying[0])
     return choice
 
 
-def cheapest_carrying(problem: PlanProblem, fractions: np.ndarray) -> tuple[int, ...] | None:
-    """Per model, its cheapest candidate that carries its share of the load (finite P95), if the plan they make
-    is within the budget and the GPUs; ``None`` otherwise (an unloaded model keeps candidate 0, not deployed)."""
-    choice = _cheapest_each(problem, fractions)
+def cheapest_carrying(problem: PlanProblem, fractions: np.ndarray,
+                      layers: Sequence[int] | None = None) -> tuple[int, ...] | None:
+    """Per model, its cheapest candidate at ``layers`` (default: full depth) that carries its share of the load
+    (finite P95), if the plan they make is within the budget and the GPUs; ``None`` otherwise (an unloaded model
+    keeps its depth's cheapest, not deployed)."""
+    choice = _cheapest_each(problem, fractions, layers)
     return tuple(choice) if choice is not None and problem.feasible(fractions, choice) else None
 
 
-def fastest_within_budget(problem: PlanProblem, fractions: np.ndarray) -> tuple[int, ...] | None:
-    """The deployment a budget-bound plan wants at these fractions: from :func:`cheapest_carrying`, the slowest
+def fastest_within_budget(problem: PlanProblem, fractions: np.ndarray,
+                          layers: Sequence[int] | None = None) -> tuple[int, ...] | None:
+    """The deployment a budget-bound plan wants at these fractions and ``layers`` (default: full depth; depths are
+    kept): from :func:`cheapest_carrying`, the slowest
     loaded model is moved, again and again, to its cheapest faster candidate that keeps the plan within the budget
     and the GPUs (water-filling: the budget goes in small steps to whichever model is slowest now), until the
     slowest model cannot get faster (the plan's P95 is its slowest model's); then each model takes its cheapest
@@ -193,7 +230,7 @@ def fastest_within_budget(problem: PlanProblem, fractions: np.ndarray) -> tuple[
     Moving the slowest model to its *fastest* affordable candidate instead spent the budget on one model and left
     the next one stuck: on llama2-k3 (three models) MOBO's hypervolume share over seeds 0-4 was 0.942 0.930 0.929
     0.942 0.936; with the cheapest step 0.961 0.960 0.945 0.953 0.969 (llama2-boute and qwen-pair unchanged)."""
-    start = cheapest_carrying(problem, fractions)
+    start = cheapest_carrying(problem, fractions, layers)
     if start is None:
         return None
     choice = list(start)
@@ -202,7 +239,7 @@ def fastest_within_budget(problem: PlanProblem, fractions: np.ndarray) -> tuple[
         slowest = max(loaded, key=lambda i: problem.model_latency(i, choice[i], float(fractions[i])))
         now = problem.model_latency(slowest, choice[slowest], float(fractions[slowest]))
         better = []
-        for c in range(len(problem.candidates[problem.models[slowest]])):
+        for c in problem.at_depth(slowest, problem.layers_of(slowest, choice[slowest])):
             trial = [*choice[:slowest], c, *choice[slowest + 1:]]
             latency = problem.model_latency(slowest, c, float(fractions[slowest]))
             if latency < now - 1e-12 and problem.feasible(fractions, trial):
@@ -220,7 +257,8 @@ def _trimmed(problem: PlanProblem, fractions: np.ndarray, choice: list[int], p95
     for i, f in enumerate(fractions):
         if f < MIN_SHARE:
             continue
-        for c in range(out[i]):
+        same = problem.at_depth(i, problem.layers_of(i, out[i]))
+        for c in same[: same.index(out[i])]:
             trial = [*out[:i], c, *out[i + 1:]]
             if problem.model_latency(i, c, float(f)) <= p95 and problem.feasible(fractions, trial):
                 out[i] = c
@@ -230,16 +268,19 @@ def _trimmed(problem: PlanProblem, fractions: np.ndarray, choice: list[int], p95
 
 def _theta(problem: PlanProblem, fractions: np.ndarray, choice: Sequence[int]) -> np.ndarray:
     """The point that decodes to ``fractions`` and ``choice`` (deployment coordinates at candidate centres)."""
-    theta = np.empty(problem.dim)
+    theta = np.zeros(problem.dim)
     theta[problem.routing_dims] = problem.routing_theta(np.asarray(fractions, float))
     _set_choice(problem, theta, choice)
     return theta
 
 
 def _set_choice(problem: PlanProblem, theta: np.ndarray, choice: Sequence[int]) -> None:
-    """Move ``theta``'s deployment coordinates to the centres of ``choice``'s candidates, in place."""
-    for j, (m, c) in enumerate(zip(problem.models, choice, strict=True)):
-        theta[problem.deployment_dims[j]] = (c + 0.5) / len(problem.candidates[m])
+    """Move ``theta``'s deployment (and depth) coordinates to the centres of ``choice``'s candidates, in place."""
+    for j, c in enumerate(choice):
+        deployment, depth = problem.coordinates(j, c)
+        theta[problem.deployment_dims[j]] = deployment
+        if depth is not None:
+            theta[problem.depth_dims[j]] = depth
 
 
 def feasible_design(problem: PlanProblem) -> list[np.ndarray]:
@@ -311,17 +352,24 @@ def _neighbour(problem: PlanProblem, theta: np.ndarray, rng: np.random.Generator
             fractions[src] -= moved
             fractions[dst] += moved
             out[problem.routing_dims] = problem.routing_theta(fractions)
-            refill = fastest_within_budget(problem, fractions) if rng.uniform() < REFILL_SHARE else None
+            depths = [problem.layers_of(j, c) for j, c in enumerate(problem.choice(out))]
+            refill = fastest_within_budget(problem, fractions, depths) if rng.uniform() < REFILL_SHARE else None
             if refill is not None:
                 _set_choice(problem, out, refill)
+        elif problem.plans_depth and rng.uniform() < DEPTH_SHARE:
+            i = int(rng.integers(len(problem.models)))
+            d = problem.depth_dims[i]
+            out[d] = float(np.clip(out[d] + rng.choice([-1, 1]) / len(problem.depths(i)), 0.0, 1.0 - 1e-9))
         else:
             i = int(rng.integers(len(problem.models)))
             if rng.uniform() < SQUEEZE_SHARE:
-                cheapest = _cheapest_each(problem, problem.fractions(out))
+                now = problem.choice(out)
+                cheapest = _cheapest_each(problem, problem.fractions(out),
+                                          [problem.layers_of(j, c) for j, c in enumerate(now)])
                 if cheapest is not None:
-                    cheapest[i] = problem.choice(out)[i]
+                    cheapest[i] = now[i]
                     _set_choice(problem, out, cheapest)
-            n = len(problem.candidates[problem.models[i]])
+            n = len(problem.at_depth(i, problem.layers_of(i, problem.choice(out)[i])))
             d = problem.deployment_dims[i]
             out[d] = float(np.clip(out[d] + rng.choice([-4, -3, -2, -1, 1, 2, 3, 4]) / n, 0.0, 1.0 - 1e-9))
     return out
@@ -378,6 +426,10 @@ REFILL_SHARE = 0.5
 
 SQUEEZE_SHARE = 0.3
 """Share of a neighbour's deployment moves that first set the other models to their cheapest carrying candidates."""
+
+DEPTH_SHARE = 0.5
+"""When the problem plans depth: share of a neighbour's non-routing moves that step one model's depth one exit up or
+down (the rest move its candidate at its depth)."""
 
 LATE_AFTER = 20
 """With SLOs, the evaluations after which MOBO stops drawing the front and refines the best plan meeting them

@@ -80,6 +80,13 @@ class ModelPlan(_Record):
     predicted_p99_s: float | None = None
     """Simulated P99 end-to-end latency."""
 
+    full_layers: int | None = Field(default=None, ge=1)
+    """Layers of the whole model (its groups' ``layers`` below this: the plan cut it to an exit)."""
+
+    quality_source: str = ""
+    """Where its quality figure at its depth comes from (labels at full depth, or an exit's agreement and the
+    rule that turns it into quality)."""
+
     @property
     def serves(self) -> bool:
         """Whether it is deployed with a positive share."""
@@ -153,6 +160,12 @@ class Plan(_Record):
 
     mobo_p95_s: float | None = None
     """P95 of MOBO's best plan under the constraints (``None``: none)."""
+
+    plans_depth: bool = False
+    """Whether the planner chose each model's depth too (``False``: full depth only)."""
+
+    depth_agreement: dict[str, dict[int, float]] = Field(default_factory=dict)
+    """Model -> exit layer -> agreement with the full model: the figures its quality by depth came from."""
 
     @property
     def served(self) -> list[ModelPlan]:

@@ -2,6 +2,10 @@
 
 A point ``theta`` in the unit cube has ``K - 1`` routing coordinates (stick-breaking into ``K`` load fractions,
 smallest model first) and ``K`` deployment coordinates (each picks one of its model's candidates, ordered by cost).
+When the problem plans depth (a model's candidates hold replicas of more than one layer count), ``K`` depth
+coordinates follow, one ordinal per model (shallowest first): the depth picks the model's candidates of that layer
+count and the deployment coordinate picks among them; quality is then Q(f, depths)
+(:mod:`exitplan.planner.depth`).
 Budget and GPU availability are hard constraints: :meth:`PlanProblem.repair` steps the dearest model down its
 candidate list until the plan is feasible, so every evaluated plan is one that could be deployed. A model with no
 load is not deployed (costs nothing). Evaluation is a perf-DB look-up: each model's latency at its share of the load
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -32,8 +37,9 @@ class Plan:
         fractions: Load fraction per model.
         choice: Candidate index per model.
         latency: Worst P95 latency (s) of the loaded models; inf if one cannot carry its load.
-        quality: Q(f).
+        quality: Q(f) (Q(f, depths) when the problem plans depth).
         cost: US$/h of the deployed models.
+        layers: Layers each model's replicas hold (its candidate's).
     """
 
     fractions: tuple[float, ...]
@@ -41,6 +47,7 @@ class Plan:
     latency: float
     quality: float
     cost: float
+    layers: tuple[int, ...] = ()
 
 
 @dataclass
@@ -58,6 +65,7 @@ class PlanProblem:
         neighbour_slowdown: GPU type -> its ``neighbour_slowdown``, for the types whose replicas share a host (a
             CPU device): the plan's replicas on one are slowed by each other's busy shares
             (:mod:`exitplan.simulator.colocation`). Empty: every replica owns its GPUs.
+        depth_quality: Q(f, layers per model), used instead of ``quality`` when given (the problem plans depth).
     """
 
     models: list[str]
@@ -68,12 +76,38 @@ class PlanProblem:
     available: Mapping[str, int]
     quality: Callable[[np.ndarray], float]
     neighbour_slowdown: Mapping[str, float] = field(default_factory=dict)
+    depth_quality: Callable[[np.ndarray, tuple[int, ...]], float] | None = None
     _cache: dict = field(default_factory=dict, repr=False)
+
+    def layers_of(self, model: int, cand: int) -> int:
+        """Layers each replica of a model's candidate holds."""
+        return self.candidates[self.models[model]][cand].groups[0].layers
+
+    def depths(self, model: int) -> list[int]:
+        """The layer counts a model's candidates hold, shallowest first (the last is the deepest: full depth)."""
+        key = ("depths", model)
+        if key not in self._cache:
+            count = len(self.candidates[self.models[model]])
+            self._cache[key] = sorted({self.layers_of(model, c) for c in range(count)})
+        return self._cache[key]
+
+    def at_depth(self, model: int, layers: int) -> list[int]:
+        """A model's candidates holding ``layers`` layers, cheapest first."""
+        key = ("at", model, layers)
+        if key not in self._cache:
+            self._cache[key] = [c for c in range(len(self.candidates[self.models[model]]))
+                                if self.layers_of(model, c) == layers]
+        return self._cache[key]
+
+    @property
+    def plans_depth(self) -> bool:
+        """Whether some model may be cut to more than one depth (the ``K`` depth coordinates exist)."""
+        return any(len(self.depths(i)) > 1 for i in range(len(self.models)))
 
     @property
     def dim(self) -> int:
         """Dimensions of ``theta``."""
-        return 2 * len(self.models) - 1
+        return (3 if self.plans_depth else 2) * len(self.models) - 1
 
     @property
     def routing_dims(self) -> list[int]:
@@ -83,7 +117,14 @@ class PlanProblem:
     @property
     def deployment_dims(self) -> list[int]:
         """Indices of the deployment coordinates."""
-        return list(range(len(self.models) - 1, self.dim))
+        k = len(self.models)
+        return list(range(k - 1, 2 * k - 1))
+
+    @property
+    def depth_dims(self) -> list[int]:
+        """Indices of the depth coordinates (none when the problem does not plan depth)."""
+        k = len(self.models)
+        return list(range(2 * k - 1, 3 * k - 1)) if self.plans_depth else []
 
     def fractions(self, theta: np.ndarray) -> np.ndarray:
         """Stick-breaking: coordinate ``i`` is the share of the remaining load that goes past model ``i``."""
@@ -102,9 +143,26 @@ class PlanProblem:
         return np.asarray(u)
 
     def choice(self, theta: np.ndarray) -> tuple[int, ...]:
-        """Candidate index per model from the deployment coordinates."""
-        return tuple(min(int(u * len(self.candidates[m])), len(self.candidates[m]) - 1)
-                     for u, m in zip(theta[len(self.models) - 1:], self.models, strict=True))
+        """Candidate index per model from the deployment coordinates (among the candidates of the depth its depth
+        coordinate picks, when the problem plans depth)."""
+        theta = np.asarray(theta, float)
+        out = []
+        for i, m in enumerate(self.models):
+            options = list(range(len(self.candidates[m])))
+            if self.plans_depth:
+                depths = self.depths(i)
+                options = self.at_depth(i, depths[_index(theta[self.depth_dims[i]], len(depths))])
+            out.append(options[_index(theta[self.deployment_dims[i]], len(options))])
+        return tuple(out)
+
+    def coordinates(self, model: int, cand: int) -> tuple[float, float | None]:
+        """The deployment coordinate (and depth coordinate, ``None`` when the problem does not plan depth) at the
+        centre of a model's candidate: the inverse of :meth:`choice`."""
+        if not self.plans_depth:
+            return (cand + 0.5) / len(self.candidates[self.models[model]]), None
+        depths, layers = self.depths(model), self.layers_of(model, cand)
+        same = self.at_depth(model, layers)
+        return (same.index(cand) + 0.5) / len(same), (depths.index(layers) + 0.5) / len(depths)
 
     def cost(self, fractions: np.ndarray, choice: Sequence[int]) -> float:
         """US$/h of the loaded models' candidates."""
@@ -119,15 +177,22 @@ class PlanProblem:
                 if f >= MIN_SHARE]
         return all(sum(c.gpus(gpu) for c in used) <= n for gpu, n in self.available.items())
 
+    def cheaper(self, model: int, cand: int) -> int | None:
+        """The next cheaper candidate of a model at the same depth (``None``: ``cand`` is its depth's cheapest)."""
+        same = self.at_depth(model, self.layers_of(model, cand))
+        at = same.index(cand)
+        return same[at - 1] if at > 0 else None
+
     def repair(self, fractions: np.ndarray, choice: Sequence[int]) -> tuple[int, ...] | None:
-        """Step the dearest loaded model down its candidates until the plan is feasible (``None``: impossible)."""
+        """Step the dearest loaded model down its candidates (at its depth) until the plan is feasible (``None``:
+        impossible)."""
         choice = list(choice)
         while not self.feasible(fractions, choice):
-            loaded = [i for i, f in enumerate(fractions) if f >= MIN_SHARE and choice[i] > 0]
+            loaded = [i for i, f in enumerate(fractions) if f >= MIN_SHARE and self.cheaper(i, choice[i]) is not None]
             if not loaded:
                 return None
             dearest = max(loaded, key=lambda i: self.candidates[self.models[i]][choice[i]].cost)
-            choice[dearest] -= 1
+            choice[dearest] = cast(int, self.cheaper(dearest, choice[dearest]))
         return tuple(choice)
 
     def evaluate(self, theta: np.ndarray) -> Plan | None:
@@ -163,8 +228,10 @@ class PlanProblem:
             shared = self.colocated_latencies(fractions, choice)
             latency = max(shared) if shared is not None else max(
                 self.model_latency(i, c, f) for i, (c, f) in enumerate(zip(choice, fractions, strict=True)))
+            layers = tuple(self.layers_of(i, c) for i, c in enumerate(choice))
+            quality = self.quality(fractions) if self.depth_quality is None else self.depth_quality(fractions, layers)
             self._cache[key] = Plan(tuple(float(x) for x in fractions), tuple(choice), float(latency),
-                                    float(self.quality(fractions)), float(self.cost(fractions, choice)))
+                                    float(quality), float(self.cost(fractions, choice)), layers)
         return self._cache[key]
 
     def colocated_latencies(self, fractions: np.ndarray, choice: Sequence[int]) -> list[float] | None:
@@ -196,6 +263,11 @@ class PlanProblem:
             return new
 
         return [latency for _, latency in split(fixed_point(update, len(gpus)))]
+
+
+def _index(u: float, n: int) -> int:
+    """The cell of ``n`` equal cells of [0, 1] that ``u`` falls in (1.0 in the last)."""
+    return min(max(int(u * n), 0), n - 1)
 
 
 def pareto(plans: Sequence[Plan]) -> list[Plan]:

@@ -8,7 +8,7 @@ differs.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,13 +59,17 @@ def describe(problem: Any, plan: Any, window: np.ndarray, db: Any, **extra: Any)
     cuts = thresholds(window, plan.fractions)
     models = []
     shared = iter(problem.colocated_latencies(np.asarray(plan.fractions), plan.choice) or [])
-    for m, c, f in zip(problem.models, plan.choice, plan.fractions, strict=True):
+    sources = getattr(problem.depth_quality, "sources", {})
+    for i, (m, c, f) in enumerate(zip(problem.models, plan.choice, plan.fractions, strict=True)):
         cand = problem.candidates[m][c]
         load = f * problem.load
-        entry: dict[str, Any] = {"model": m, "fraction": f, "load_qps": load, "deployed": f >= 1e-3}
+        entry: dict[str, Any] = {"model": m, "fraction": f, "load_qps": load, "deployed": f >= 1e-3,
+                                 "full_layers": problem.depths(i)[-1],
+                                 "quality_source": sources.get(m, "labels (full depth)")}
         if f >= 1e-3:
             weights, p95 = best_split(load, cand.replica_curves(problem.curves[m]))
-            p99_curves = deployment_curves(db, m, [g.gpu for g in cand.groups], "e2e_p99_s")
+            p99_curves = deployment_curves(db, m, [g.gpu for g in cand.groups], "e2e_p99_s",
+                                           [g.layers for g in cand.groups])
             _, p99 = best_split(load, cand.replica_curves(p99_curves))
             p95 = next(shared, p95)  # slowed by host neighbours (P99 as if alone)
             entry.update(cost_per_hour=cand.cost, predicted_p95_s=p95, predicted_p99_s=p99,
@@ -140,6 +144,18 @@ def train_on_labels(section: PlanParams, labels: Any, queries: Any, models: list
     return train_router(vectors, wide.to_numpy(), section.seed, section.routing_train_share, section.fraction_steps)
 
 
+def _depth_figures(problem: PlanProblem, scenario: PlanScenario,
+                   agreement: Mapping[str, Mapping[int, float]]) -> dict[str, dict[int, float]]:
+    """Per model, the agreement figures of the depths the problem planned over (none without depth)."""
+    if not problem.plans_depth:
+        return {}
+    out = {}
+    for i, m in enumerate(problem.models):
+        table = scenario.depth_agreement.get(m) or agreement.get(m, {})
+        out[m] = {d: float(table[d]) for d in problem.depths(i) if d in table}
+    return out
+
+
 def _front_frame(mobo: list, truth: list, marks: dict[str, Any]) -> Any:
     import pandas as pd
 
@@ -151,25 +167,55 @@ def _front_frame(mobo: list, truth: list, marks: dict[str, Any]) -> Any:
     frame = pd.DataFrame(rows)
     frame["fractions"] = frame["fractions"].map(list)
     frame["choice"] = frame["choice"].map(list)
+    frame["layers"] = frame["layers"].map(list)
     return frame
 
 
+def scenario_depths(scenario: PlanScenario, db: Any, catalog: Catalog, routing: TrainedRouter,
+                    agreement: Mapping[str, Mapping[int, float]]) -> tuple[dict[str, list[int]], Any]:
+    """The depths each model of a depth-planning scenario may be cut to, and Q(f, depths) on the router's held-out
+    queries: a model's agreement by depth from ``scenario.depth_agreement`` (a published table) when given there,
+    else from ``agreement`` (the exit profile's identity exits).
+
+    Raises:
+        ExitplanError: naming a depth the perf DB holds whose quality was never measured.
+    """
+    from exitplan.planner.depth import build_depth_quality, check_depths
+
+    depths, used, sources = {}, {}, {}
+    for m in scenario.models:
+        rows = db[(db["model"] == m) & db["gpu"].isin(list(scenario.gpus))]
+        published = m in scenario.depth_agreement
+        used[m] = dict(scenario.depth_agreement[m] if published else agreement.get(m, {}))
+        depths[m] = check_depths(m, sorted({int(x) for x in rows["layers"]}), catalog.llm(m).num_layers, used[m])
+        rule = f"q = {scenario.quality_floor} + a (q_full - {scenario.quality_floor})"
+        sources[m] = (f"published agreement by exit (params: plan.scenarios[{scenario.name}].depth_agreement), {rule}"
+                      if published else f"exit_profile: identity-exit agreement on held-out text, {rule}")
+    quality = build_depth_quality(scenario.models, routing.held_scores, routing.held_qualities, routing.grid, depths,
+                                  used, sources, scenario.quality_floor)
+    return depths, quality
+
+
 def scenario_problem(section: PlanParams, scenario: PlanScenario, db: Any, catalog: Catalog,
-                     routing: TrainedRouter) -> PlanProblem:
-    """The scenario's co-optimisation problem: deployment candidates per model from ``db`` (knapsack per model and
-    load share) within its GPUs and budget, with the router's quality function; replicas on a GPU type whose
+                     routing: TrainedRouter, agreement: Mapping[str, Mapping[int, float]] | None = None) -> PlanProblem:
+    """The scenario's co-optimisation problem: deployment candidates per model from ``db`` (knapsack per model,
+    load share and depth) within its GPUs and budget, with the router's quality function (Q(f, depths) when the
+    scenario plans depth: :func:`scenario_depths`, ``agreement`` the exit profile's); replicas on a GPU type whose
     replicas share a host (the catalog's ``neighbour_slowdown``: this machine's vLLM device) slow each other."""
     from exitplan.planner.build import problem_from
 
     prices = {g: catalog.gpu(g).price_per_hour for g in scenario.gpus}
     shared = {g: catalog.gpu(g).neighbour_slowdown for g in scenario.gpus if catalog.gpu(g).neighbour_slowdown > 0}
+    depths, quality = (scenario_depths(scenario, db, catalog, routing, agreement or {}) if scenario.depths
+                       else (None, None))
     return problem_from(db, prices, scenario.gpus, scenario.models, routing.quality, scenario.load_qps,
                         scenario.budget_per_hour, section.metric, section.budget_points, scenario.max_p95_s,
-                        section.load_shares, shared)
+                        section.load_shares, shared, depths, quality)
 
 
 def plan_scenario(section: PlanParams, scenario: PlanScenario, db: Any, catalog: Catalog, routing: TrainedRouter,
-                  out: Path, reports: Path, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                  out: Path, reports: Path, progress: Callable[[str], None] | None = None,
+                  agreement: Mapping[str, Mapping[int, float]] | None = None) -> dict[str, Any]:
     """Optimise one scenario on ``db`` and write its plan, front, router (under ``out``) and plot (``reports``).
 
     Args:
@@ -181,6 +227,7 @@ def plan_scenario(section: PlanParams, scenario: PlanScenario, db: Any, catalog:
         out: Folder of ``plan.json``, ``front.parquet`` and ``router.json``.
         reports: Folder of ``front.png``.
         progress: Called with a line as each part starts.
+        agreement: The exit profile's agreement by exit per model (for a scenario that plans depth).
 
     Returns:
         ``plan`` (the typed plan), the paths written, and ``times`` (``mobo_seconds``, ``seconds``).
@@ -197,7 +244,7 @@ def plan_scenario(section: PlanParams, scenario: PlanScenario, db: Any, catalog:
     say = progress or (lambda _line: None)
     started = time.perf_counter()
     say("deployment candidates (knapsack per model and load share)")
-    problem = scenario_problem(section, scenario, db, catalog, routing)
+    problem = scenario_problem(section, scenario, db, catalog, routing, agreement)
     say(f"MOBO, {section.evaluations} evaluations")
     mobo = optimise(problem, section.evaluations, section.initial, section.batch, section.seed, beta=section.beta,
                     max_latency=scenario.max_p95_s, min_quality=scenario.min_quality or None,
@@ -221,7 +268,8 @@ def plan_scenario(section: PlanParams, scenario: PlanScenario, db: Any, catalog:
                     quality_curve={"f_large": routing.grid[:, -1].tolist(), "router": routing.values.tolist(),
                                    "oracle": routing.oracle.tolist(), "random": routing.random.tolist()},
                     evaluations=len(mobo.plans), found_by="mobo" if chosen is from_mobo else "exhaustive",
-                    mobo_p95_s=None if from_mobo is None else from_mobo.latency)
+                    mobo_p95_s=None if from_mobo is None else from_mobo.latency, plans_depth=problem.plans_depth,
+                    depth_agreement=_depth_figures(problem, scenario, agreement or {}))
     write_plan(out / PLAN_FILE, plan)
     save_router(out / ROUTER_FILE, section.embedder, scenario.models, routing.scorer, routing.window)
     png = plot_front(reports / PLOT_FILE, f"{scenario.name}: {scenario.load_qps} req/s, "

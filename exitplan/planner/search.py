@@ -7,6 +7,8 @@ feasible choice of candidates (cheapest on ties): per model, the latency of ever
 cached look-up each), then every combination of candidates at once as arrays (latency = max, cost = sum, GPUs of
 each type = sum) under the budget and the GPUs available. Every other plan on that fraction vector has the same
 quality and is no faster, so the Pareto front of these fastest plans is the front of all plans on the grid.
+When the problem plans depth, quality also depends on each model's depth, so the same holds per combination of
+depths: the fastest plan is found for every fraction vector x depth combination (a few dozen combinations).
 """
 
 from __future__ import annotations
@@ -87,18 +89,33 @@ def _combinations(problem: PlanProblem, fractions: np.ndarray, allowed: Allowed 
     return choices, latency, total_cost[ok]
 
 
+def depth_combinations(problem: PlanProblem) -> list[tuple[int, ...]]:
+    """Every combination of one depth (layers) per model: one (full depth) when the problem does not plan depth."""
+    return list(itertools.product(*[problem.depths(i) for i in range(len(problem.models))]))
+
+
+def at_depths(problem: PlanProblem, layers: Sequence[int], allowed: Allowed | None) -> Allowed:
+    """``allowed`` further limited to the candidates holding ``layers[model]`` layers."""
+    def ok(model: int, cand: int) -> bool:
+        return problem.layers_of(model, cand) == layers[model] and (allowed is None or allowed(model, cand))
+    return ok
+
+
 def fastest(problem: PlanProblem, fractions: Sequence[np.ndarray], allowed: Allowed | None = None,
             share: float | None = None) -> list[Plan]:
-    """For each fraction vector, its fastest feasible plan (cheapest on ties), with candidates limited to
-    ``allowed`` and each model's candidate to ``share`` x the budget when given."""
+    """For each fraction vector (and each combination of depths), its fastest feasible plan (cheapest on ties),
+    with candidates limited to ``allowed`` and each model's candidate to ``share`` x the budget when given."""
     plans = []
+    combos = depth_combinations(problem)
     for f in fractions:
-        found = _combinations(problem, np.asarray(f, float), allowed, share)
-        if found is None:
-            continue
-        choices, latency, cost = found
-        best = int(np.lexsort((cost, latency))[0])
-        plans.append(problem.evaluate_plan(np.asarray(f, float), tuple(int(c) for c in choices[best])))
+        for layers in combos:
+            limit = at_depths(problem, layers, allowed) if len(combos) > 1 else allowed
+            found = _combinations(problem, np.asarray(f, float), limit, share)
+            if found is None:
+                continue
+            choices, latency, cost = found
+            best = int(np.lexsort((cost, latency))[0])
+            plans.append(problem.evaluate_plan(np.asarray(f, float), tuple(int(c) for c in choices[best])))
     return plans
 
 

@@ -8,7 +8,7 @@ of :attr:`TrainedRouter.window` (the scores of every labelled query), and Q(f) i
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,6 +30,8 @@ class TrainedRouter:
         window: Routing scores of every labelled query (the plan's thresholds are its quantiles).
         train: Queries the scorer was fitted on.
         held_out: Queries the curves were measured on.
+        held_scores: Routing scores of the held-out queries (Q(f, depths) is measured on them too).
+        held_qualities: Their quality on each model (``held_out x models``).
     """
 
     scorer: EmbeddingScorer
@@ -41,6 +43,8 @@ class TrainedRouter:
     window: np.ndarray
     train: int
     held_out: int
+    held_scores: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    held_qualities: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
 
 
 def train_router(vectors: np.ndarray, qualities: np.ndarray, seed: int, train_share: float,
@@ -60,8 +64,10 @@ def train_router(vectors: np.ndarray, qualities: np.ndarray, seed: int, train_sh
     cut = max(2, int(len(qualities) * train_share))
     train, held = order[:cut], order[cut:]
     scorer = EmbeddingScorer().fit(vectors[train], qualities[train])
-    quality, grid, values = quality_function(scorer.score(vectors[held]), qualities[held], fraction_steps)
+    held_scores = scorer.score(vectors[held])
+    quality, grid, values = quality_function(held_scores, qualities[held], fraction_steps)
     oracle = quality_curve(qualities[held][:, -1] - qualities[held][:, 0], qualities[held], grid)
     random = quality_curve(np.random.default_rng(seed).normal(size=len(held)), qualities[held], grid)
     return TrainedRouter(scorer=scorer, quality=quality, grid=grid, values=values, oracle=oracle, random=random,
-                         window=scorer.score(vectors), train=len(train), held_out=len(held))
+                         window=scorer.score(vectors), train=len(train), held_out=len(held),
+                         held_scores=np.asarray(held_scores, float), held_qualities=qualities[held])

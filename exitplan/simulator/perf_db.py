@@ -67,16 +67,28 @@ class Layout:
     layers: int
 
 
+def layer_counts(model: Model, layer_fractions: Sequence[float], extra: Sequence[int] = ()) -> list[int]:
+    """The layer counts swept for ``model``: each fraction of its layers (rounded), and ``extra`` (partial replicas
+    at given exits), without repeats, deepest last.
+
+    Raises:
+        SimulationError: an extra count beyond the model's layers.
+    """
+    beyond = [n for n in extra if not 1 <= n <= model.num_layers]
+    if beyond:
+        raise SimulationError(f"{model.name} has {model.num_layers} layers: cannot sweep replicas of {beyond}")
+    return sorted({*(max(1, round(model.num_layers * f)) for f in layer_fractions), *extra})
+
+
 def enumerate_layouts(model: Model, gpu: Gpu, max_gpus: int, layer_fractions: Sequence[float],
-                      engine: EngineParams) -> list[Layout]:
+                      engine: EngineParams, extra_layers: Sequence[int] = ()) -> list[Layout]:
     """Every feasible (TP, PP, layers) of ``model`` on ``gpu`` with TP x PP <= ``max_gpus``.
 
     TP and PP are powers of two; TP stays within one node's fast links and divides the heads; layouts whose
-    weights leave no KV room are dropped (BOUTE's pruning rules).
+    weights leave no KV room are dropped (BOUTE's pruning rules). ``layers``: :func:`layer_counts`.
     """
     layouts = []
-    for fraction in layer_fractions:
-        layers = max(1, round(model.num_layers * fraction))
+    for layers in layer_counts(model, layer_fractions, extra_layers):
         tp = 1
         while tp <= min(max_gpus, gpu.max_tensor_parallel):
             pp = 1
@@ -136,7 +148,7 @@ def build_perf_db(catalog: Catalog, models: Iterable[str], gpus: Iterable[str], 
                   seed: int = 0, max_gpus_per_replica: int = 8, layer_fractions: Sequence[float] = (1.0,),
                   dask: DaskParams | None = None, progress: Callable[[str], None] | None = None,
                   model_lengths: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
-                  client: Any = None) -> Any:
+                  client: Any = None, partial_layers: Mapping[str, Sequence[int]] | None = None) -> Any:
     """The perf DB as a DataFrame (one row per model x layout x load).
 
     Each layout is one job of a Dask sweep (:func:`exitplan.fanout.sweep`); the rows come back in layout order, so
@@ -157,6 +169,7 @@ def build_perf_db(catalog: Catalog, models: Iterable[str], gpus: Iterable[str], 
         progress: Called with a line per layout swept.
         model_lengths: Model -> its own (prompt, output) lengths, used instead of ``lengths`` for that model.
         client: A running Dask client to sweep on instead of one made from ``dask``.
+        partial_layers: Model -> layer counts of partial replicas swept besides ``layer_fractions``.
 
     Raises:
         SimulationError: if no layout of a model fits any of the GPUs.
@@ -171,7 +184,7 @@ def build_perf_db(catalog: Catalog, models: Iterable[str], gpus: Iterable[str], 
             raise SimulationError(f"{name} is not a decoder model")
         layouts = [(catalog.gpu(g), layout) for g in gpus
                    for layout in enumerate_layouts(model, catalog.gpu(g), max_gpus_per_replica, layer_fractions,
-                                                   engine)]
+                                                   engine, (partial_layers or {}).get(name, ()))]
         if not layouts:
             raise SimulationError(f"no layout of {name} fits on any of {gpus}")
         own = (model_lengths or {}).get(name, lengths)

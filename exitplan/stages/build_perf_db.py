@@ -81,7 +81,8 @@ def _vllm_rows(params: Params, lengths: tuple[Any, Any]) -> Any:
     models = [m for m in params.profile_vllm.models if m in section.models]
     cut = (lengths[0], np.minimum(lengths[1], section.vllm_max_output_len))
     return build_perf_db(planning_catalog(params), models, [device.gpu.id], vllm_engine(device), section.vllm_qps, cut,
-                         section.requests_per_point, section.seed, 1, [1.0], params.dask)
+                         section.requests_per_point, section.seed, 1, [1.0], params.dask,
+                         partial_layers=section.partial_layers)
 
 
 def main(params: Params) -> dict[str, Any]:
@@ -94,7 +95,8 @@ def main(params: Params) -> dict[str, Any]:
     started = time.perf_counter()
     db = build_perf_db(catalog, section.models, section.gpus, params.simulator.engine, section.qps, lengths,
                        section.requests_per_point, section.seed, section.max_gpus_per_replica,
-                       section.layer_fractions, params.dask, model_lengths=own)
+                       section.layer_fractions, params.dask, model_lengths=own,
+                       partial_layers=section.partial_layers)
     if section.vllm_device:
         db = pd.concat([db, _vllm_rows(params, lengths)], ignore_index=True)
     seconds = time.perf_counter() - started

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from exitplan.artifacts import exit_profile_path, queries_path
+from exitplan.artifacts import exit_curves_path, exit_profile_path, queries_path
 from exitplan.atomic import write_atomic, write_json, write_parquet
 from exitplan.config import Params
 from exitplan.cpu_features import torch_dtype
@@ -157,6 +157,7 @@ def main(params: Params) -> dict[str, Any]:
                                "first_exit": first_confident_exit(trace, t)})
                  for name, by_kind in traces.items() for kind, trace in by_kind.items() for t in section.thresholds]
     write_parquet(exit_profile_path(params), pd.concat(per_token, ignore_index=True))
+    write_parquet(exit_curves_path(params), pd.DataFrame(tables["curves"]))
     reports = params.path("reports") / STAGE
     for table, rows in tables.items():
         frame = pd.DataFrame([{k: v for k, v in r.items() if k != "first_exit_distribution"} for r in rows])

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from exitplan.artifacts import (
     LABELS_FILE,
     QUERIES_FILE,
+    exit_curves_path,
     imported_path,
     labels_path,
     perf_db_path,
@@ -42,6 +43,20 @@ def router(params: Params, scenario: PlanScenario) -> TrainedRouter:
                            params.checkpoint_path(params.plan.embedder))
 
 
+def exit_agreement(params: Params, scenario: PlanScenario) -> dict[str, dict[int, float]]:
+    """The exit profile's agreement by exit per model, when the scenario plans the depth of a model that has no
+    published table (``depth_agreement``); empty otherwise (the exit profile is not needed then).
+
+    Raises:
+        ExitplanError: the exit profile is missing (naming the stage to run).
+    """
+    from exitplan.planner.depth import read_agreement
+
+    if not scenario.depths or all(m in scenario.depth_agreement for m in scenario.models):
+        return {}
+    return read_agreement(exit_curves_path(params))
+
+
 def run_scenario(params: Params, scenario: PlanScenario) -> dict[str, Any]:
     """Optimise one scenario on the pipeline's perf DB and labels; write its front, plot and plan; returns its
     summary (see :func:`exitplan.planner.scenario.plan_scenario`)."""
@@ -55,7 +70,7 @@ def run_scenario(params: Params, scenario: PlanScenario) -> dict[str, Any]:
     db = pd.read_parquet(perf_db_path(params))
     catalog = planning_catalog(params)  # the catalog's GPUs and this machine's vLLM device
     result = plan_scenario(params.plan, scenario, db, catalog, routing, plan_dir(params, scenario.name),
-                           params.path("reports") / STAGE / scenario.name)
+                           params.path("reports") / STAGE / scenario.name, agreement=exit_agreement(params, scenario))
     result["times"]["seconds"] = time.perf_counter() - started
     return result
 
