@@ -20,11 +20,20 @@ Usage:
     python benchmarks/planner.py --quick [--scenario llama2-boute]   # 40 MOBO evaluations (~1 min)
     python benchmarks/planner.py [--scenario ...]   # 60 evaluations, the plain-kernel ablation, the sweep
     python benchmarks/planner.py --quick --load 160 --budget 3   # the scenario at another load and budget
+    python benchmarks/planner.py --scenario qwen-pair --quick --depths   # depth as a decision: on vs off
 
 Needs ``make run`` (perf DB, labels). Last line: ``RESULT hv_ratio=... seconds=... evals_vs_random=...
 p95_vs_routellm=... p95_vs_homo=... p95_vs_single=... infeasible_share=...`` (a ratio is ``nan`` when the
 baseline cannot meet the SLO at all; ``infeasible_share``: the grid's plans within budget that cannot carry the
 load).
+
+``--depths`` (issue 31): the exact front with each model at full depth only and with its replicas allowed at every
+depth the perf DB swept (``build_perf_db.partial_layers``; quality by depth from the exit profile or the
+scenario's published ``depth_agreement``, :mod:`exitplan.planner.depth`), MOBO with the depth coordinates against
+the depth front, and the fastest plan meeting the quality floor each way. Last line: ``RESULT hv_ratio=...
+depth_on_p95_gain=... chosen_depths=... hv_depth_on_vs_off=...`` (``hv_ratio``: MOBO's share of the depth front's
+hypervolume; ``depth_on_p95_gain``: 1 - P95 with depth / P95 at full depth, same floor, budget and load;
+``chosen_depths``: layers per model of the chosen plan, smallest model first).
 """
 
 from __future__ import annotations
@@ -52,7 +61,8 @@ from exitplan.planner.mobo import optimise
 from exitplan.planner.problem import PlanProblem, best_under, hypervolume, pareto
 from exitplan.planner.search import census, exhaustive, fastest, fraction_grid, random_search
 from exitplan.routing.trainer import TrainedRouter
-from exitplan.stages.plan import router
+from exitplan.planner.scenario import scenario_depths
+from exitplan.stages.plan import exit_agreement, router
 
 
 def evals_to(plans, target: float, ref) -> int | None:
@@ -70,13 +80,20 @@ def perf_db(path: Path) -> pd.DataFrame:
 
 
 def scenario_problem(params: Params, scenario: PlanScenario, quality: Callable, load: float,
-                     budget: float) -> PlanProblem:
-    """The scenario's problem at another load and budget (same GPUs, perf DB and Q(f))."""
+                     budget: float, routing: TrainedRouter | None = None) -> PlanProblem:
+    """The scenario's problem at another load and budget (same GPUs, perf DB and Q(f)); with ``routing``, the
+    depth-planning problem (Q(f, depths) on its held-out queries, the exit profile's or the published agreement)."""
     catalog = load_catalog(params.path(params.catalog))
     prices = {g: catalog.gpu(g).price_per_hour for g in scenario.gpus}
     section = params.plan
-    return problem_from(perf_db(perf_db_path(params)), prices, scenario.gpus, scenario.models, quality, load, budget,
-                        section.metric, section.budget_points, scenario.max_p95_s, section.load_shares)
+    db = perf_db(perf_db_path(params))
+    depths, by_depth = None, None
+    if routing is not None:
+        planned = scenario.model_copy(update={"depths": True})
+        depths, by_depth = scenario_depths(planned, db, catalog, routing, exit_agreement(params, planned))
+    return problem_from(db, prices, scenario.gpus, scenario.models, quality, load, budget, section.metric,
+                        section.budget_points, scenario.max_p95_s, section.load_shares, depths=depths,
+                        depth_quality=by_depth)
 
 
 def sweep(params: Params, scenario: PlanScenario, quality: Callable, slo: float) -> None:
@@ -143,13 +160,63 @@ def search_table(runs: dict, clocks: dict, seconds: dict, hv_true: float, ref: t
 
 
 def describe_plan(problem: PlanProblem, plan) -> str:
-    """Fractions and GPU groups per model of a plan."""
+    """Fractions and GPU groups per model of a plan (with its depth, layers of the full model, when cut)."""
     parts = []
-    for m, c, f in zip(problem.models, plan.choice, plan.fractions, strict=True):
+    for i, (m, c, f) in enumerate(zip(problem.models, plan.choice, plan.fractions, strict=True)):
         if f >= 1e-3:
             groups = " + ".join(f"{g.dp}x{g.gpu} tp{g.tp} pp{g.pp}" for g in problem.candidates[m][c].groups)
-            parts.append(f"{m.split('/')[-1]} {f:.2f} on {groups}")
+            layers, full = problem.layers_of(i, c), problem.depths(i)[-1]
+            cut = f" at {layers}/{full} layers" if layers < full else ""
+            parts.append(f"{m.split('/')[-1]} {f:.2f}{cut} on {groups}")
     return "; ".join(parts)
+
+
+def chosen_of(problem: PlanProblem, searched: list, slo: float):
+    """The plan the plan stage would choose: the fastest meeting the quality floor over MOBO's and the grid's."""
+    return best_under([*searched, *exhaustive(problem, 20)], min_quality=slo)
+
+
+def depth_report(params: Params, scenario: PlanScenario, routing: TrainedRouter, budget: int) -> None:
+    """The front with depth off and on (the same perf DB, budget, load and labels), MOBO on the depth-planning
+    problem against its exact front, and the P95 depth buys at the quality floor; the RESULT line."""
+    section = params.plan
+    off = scenario_problem(params, scenario, routing.quality, scenario.load_qps, scenario.budget_per_hour)
+    on = scenario_problem(params, scenario, routing.quality, scenario.load_qps, scenario.budget_per_hour, routing)
+    order = np.argsort(routing.grid[:, -1])
+    slo = scenario.min_quality or float(np.interp(0.5, routing.grid[order, -1], routing.values[order]))
+    print(f"scenario {scenario.name}: {scenario.load_qps} req/s, ${scenario.budget_per_hour}/h; depths per model "
+          f"{ {m.split('/')[-1]: on.depths(i) for i, m in enumerate(on.models)} }")
+    quality = on.depth_quality
+    for m in on.models:
+        print(f"  {m.split('/')[-1]}: quality by depth from {getattr(quality, 'sources', {}).get(m, '-')}")
+    fronts = {}
+    for name, problem in (("depth off (full depth)", off), ("depth on", on)):
+        started = time.perf_counter()
+        truth = exhaustive(problem, section.fraction_steps)
+        fronts[name] = truth
+        front = pareto(truth)
+        print(f"\n{name}: exact front of {len(front)} plans ({time.perf_counter() - started:.1f} s)")
+        print(f"{'P95 s':>9}{'quality':>9}{'$/h':>7}  plan")
+        for plan in front:
+            print(f"{plan.latency:>9.3f}{plan.quality:>9.3f}{plan.cost:>7.2f}  {describe_plan(problem, plan)}")
+    finite = [p for t in fronts.values() for p in t if np.isfinite(p.latency)]
+    ref = (max(p.latency for p in finite) * 1.05, min(p.quality for p in finite) - 0.005)
+    hv_off, hv_on = (hypervolume(fronts[k], *ref) for k in fronts)
+    mobo = optimise(on, budget, section.initial, section.batch, section.seed, beta=section.beta,
+                    feasibility="constraint", min_quality=slo)
+    hv_ratio = hypervolume(mobo.plans, *ref) / hv_on
+    best_off, best_on = best_under(fronts["depth off (full depth)"], min_quality=slo), chosen_of(on, mobo.plans, slo)
+    gain = 1 - best_on.latency / best_off.latency if best_on and best_off else float("nan")
+    print(f"\nhypervolume (log P95 x quality): depth off {hv_off:.4f}, depth on {hv_on:.4f} "
+          f"({hv_on / hv_off:.3f}x); MOBO on the depth problem, {len(mobo.plans)} evaluations: {hv_ratio:.3f} of it "
+          f"({mobo.seconds:.1f} s); its plans at a cut depth: "
+          f"{sum(any(x < on.depths(i)[-1] for i, x in enumerate(p.layers)) for p in mobo.plans)}")
+    print(f"at Q >= {slo:.3f}: full depth {best_off.latency if best_off else float('nan'):.3f} s "
+          f"({describe_plan(off, best_off) if best_off else 'none'}); with depth "
+          f"{best_on.latency if best_on else float('nan'):.3f} s ({describe_plan(on, best_on) if best_on else 'none'})")
+    depths = "/".join(str(x) for x in best_on.layers) if best_on else "none"
+    print(f"RESULT hv_ratio={hv_ratio:.3f} depth_on_p95_gain={gain:.3f} chosen_depths={depths} "
+          f"hv_depth_on_vs_off={hv_on / hv_off:.3f}")
 
 
 def ratio(ours, baseline) -> float:
@@ -162,7 +229,8 @@ def main() -> None:
         "--scenario": {"default": None, "help": "scenario name (default: the first)"},
         "--homo-gpu": {"default": None, "help": "GPU type of the homogeneous baseline"},
         "--load": {"type": float, "default": None, "help": "req/s instead of the scenario's"},
-        "--budget": {"type": float, "default": None, "help": "$/h instead of the scenario's"}})
+        "--budget": {"type": float, "default": None, "help": "$/h instead of the scenario's"},
+        "--depths": {"action": "store_true", "help": "depth on and off: the front, MOBO with depth, the P95 gain"}})
     scenario, section = pick_scenario(params, args.scenario), params.plan
     scenario = scenario.model_copy(update={"load_qps": args.load or scenario.load_qps,
                                            "budget_per_hour": args.budget or scenario.budget_per_hour})
@@ -170,6 +238,8 @@ def main() -> None:
         routing = router(params, scenario)
     except ExitplanError as exc:
         sys.exit(f"{exc} (run `make run` first)")
+    if args.depths:
+        return depth_report(params, scenario, routing, 40 if args.quick else 60)
     problem = scenario_problem(params, scenario, routing.quality, scenario.load_qps, scenario.budget_per_hour)
     started = time.perf_counter()
     truth = exhaustive(problem, section.fraction_steps)

@@ -6,7 +6,6 @@ bounds. Paths are relative to the folder that holds ``params.yaml``. No other mo
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -661,22 +660,13 @@ class PlanScenario(StrictModel):
     (``build_perf_db.partial_layers``), each of which must be one whose quality was measured - the exit profile's
     (``exit_profile``, identity exits) or ``depth_agreement``'s - or the plan stops naming it. False: full depth."""
 
-    depth_agreement: dict[str, dict[int, float]] = Field(default_factory=dict)
+    depth_agreement: dict[str, dict[PositiveInt, Probability]] = Field(default_factory=dict)
     """Model -> exit layer -> top-1 agreement of that exit with the full model, from a published early-exit-trained
     model's table (cite it beside the figures): used instead of the exit profile for these models."""
 
     quality_floor: float = Field(default=0.0, ge=0, le=1)
     """Quality of an answer a partial replica gets wrong, in the quality-by-depth rule
     (:mod:`exitplan.planner.depth`)."""
-
-    @field_validator("depth_agreement")
-    @classmethod
-    def _agreement_in_unit(cls, table: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:
-        bad = [f"{m}@{k}={v}" for m, row in table.items() for k, v in row.items()
-               if not (k >= 1 and math.isfinite(v) and 0 <= v <= 1)]
-        if bad:
-            raise ValueError(f"agreements lie in [0, 1] at exit layers >= 1; got {bad}")
-        return table
 
 
 class PlanParams(StrictModel):

@@ -160,3 +160,11 @@ def test_a_hostile_number_anywhere_in_params_is_refused_by_name_or_accepted(tmp_
 def test_numbers_are_counted_in_every_section() -> None:
     sections = {leaf[0] for leaf in LEAVES}
     assert len(LEAVES) > 40 and {"plan", "helios", "build_perf_db", "deploy"} <= sections
+
+
+def test_a_published_agreement_outside_the_unit_interval_is_named(tmp_path: Path, tree: dict) -> None:
+    scenario = next(s for s in tree["plan"]["scenarios"] if s["name"] == "llama2-layerskip")
+    for bad in (1.5, float("nan"), -0.2):
+        scenario["depth_agreement"] = {"meta-llama/Llama-2-7b-hf": {8: bad}}
+        with pytest.raises(ConfigError, match=r"depth_agreement.meta-llama/Llama-2-7b-hf.8: "):
+            load_params(_write(tmp_path, tree))

@@ -38,6 +38,15 @@ def test_what_readers_ask_of_a_plan() -> None:
     assert plan.entry("nothing") is None
 
 
+def test_a_plan_with_depths_round_trips_with_its_quality_sources(tmp_path: Path) -> None:
+    plan = _plan().model_copy(update={"plans_depth": True, "depth_agreement": {"small": {12: 0.43, 24: 1.0}}})
+    plan.models[0] = plan.models[0].model_copy(update={"full_layers": 24, "quality_source": "exit_profile rule"})
+    again = read_plan(write_plan(tmp_path / PLAN_FILE, plan))
+    assert again == plan and again.depth_agreement == {"small": {12: 0.43, 24: 1.0}}
+    small = again.entry("small")
+    assert small is not None and (small.layers, small.full_layers, small.quality_source) == (12, 24, "exit_profile rule")
+
+
 @pytest.mark.parametrize(("text", "problem"), [
     (b"{not json", "not valid JSON"),
     (b"\xff\xfe", "not valid JSON"),

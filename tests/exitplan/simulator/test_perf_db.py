@@ -54,3 +54,17 @@ def test_a_sweep_records_how_busy_the_replica_is_at_each_load(catalog: Catalog) 
     # overlapping requests once each), and not far below it when few overlap
     in_system = 0.05 * rows[0]["e2e_mean_s"]
     assert 0.7 * in_system < busy[0] <= in_system
+
+
+def test_partial_layers_are_swept_beside_the_fractions_and_beyond_the_model_refused(catalog: Catalog) -> None:
+    from exitplan.errors import SimulationError
+    from exitplan.simulator.perf_db import layer_counts
+
+    model = catalog.llm("Qwen/Qwen2.5-Coder-0.5B-Instruct")  # 24 layers
+    assert layer_counts(model, [0.5, 1.0], [20, 22, 12]) == [12, 20, 22, 24]
+    try:
+        layer_counts(model, [1.0], [30])
+    except SimulationError as exc:
+        assert "24 layers" in str(exc) and "[30]" in str(exc)
+    else:
+        raise AssertionError("a cut beyond the model was accepted")
