@@ -59,9 +59,9 @@ from exitplan.planner.baselines import baselines, on_one_type
 from exitplan.planner.build import problem_from
 from exitplan.planner.mobo import optimise
 from exitplan.planner.problem import PlanProblem, best_under, hypervolume, pareto
+from exitplan.planner.scenario import scenario_depths
 from exitplan.planner.search import census, exhaustive, fastest, fraction_grid, random_search
 from exitplan.routing.trainer import TrainedRouter
-from exitplan.planner.scenario import scenario_depths
 from exitplan.stages.plan import exit_agreement, router
 
 

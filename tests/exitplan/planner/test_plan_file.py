@@ -44,7 +44,8 @@ def test_a_plan_with_depths_round_trips_with_its_quality_sources(tmp_path: Path)
     again = read_plan(write_plan(tmp_path / PLAN_FILE, plan))
     assert again == plan and again.depth_agreement == {"small": {12: 0.43, 24: 1.0}}
     small = again.entry("small")
-    assert small is not None and (small.layers, small.full_layers, small.quality_source) == (12, 24, "exit_profile rule")
+    assert small is not None
+    assert (small.layers, small.full_layers, small.quality_source) == (12, 24, "exit_profile rule")
 
 
 @pytest.mark.parametrize(("text", "problem"), [
