@@ -32,6 +32,11 @@ probes' drift since profiling (corrected). Errors are relative, per cell: load x
 slowest); without it 100 per load (well over an hour). ``--scenario`` to change. The plot goes to
 ``benchmarks/out/fleet_vs_plan.png``.
 
+``--cut MODEL=LAYERS``: the plan with that model's replicas cut to an exit (a plan with a partial replica, issue 31):
+deployed as ``exitplan deploy`` deploys it (a vLLM replica of the truncated checkpoint, written first if
+``partial_checkpoints`` has not) and predicted with the replica holding that many layers. The plan's own promise was
+made at full depth, so ``plan_p95_err`` then holds the simulator's P95 at the plan's load instead.
+
 Last line: ``RESULT sweep_median_err=... sweep_max_err=... drift_corrected_median_err=... drift_corrected_max_err=...
 drift_max=... plan_p95_err=... heavy_over_light=...`` (target: median <= 10%, max <= 25%, raw).
 """
@@ -41,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import httpx
@@ -155,15 +160,16 @@ def scorer_queue(sent_s: np.ndarray, score_s: np.ndarray) -> np.ndarray:
     return out
 
 
-def predict(catalog, frame: pd.DataFrame, device, prefix: str) -> pd.DataFrame:
+def predict(catalog, frame: pd.DataFrame, device, prefix: str, layers: Mapping[str, int | None]) -> pd.DataFrame:
     """The prediction of each request's TTFT, TPOT and E2E (columns ``<prefix>_<metric>``): its routing score's time
-    (``route_s``), then the simulator's replica of its model on ``device``, reached when the score is known."""
+    (``route_s``), then the simulator's replica of its model on ``device`` (holding ``layers[model]``: all when
+    ``None``), reached when the score is known."""
     out = frame.copy()
     groups = [(model, rows.assign(at_s=rows["sent_s"] + rows["route_s"]).sort_values("at_s"))
               for model, rows in frame.groupby("model")]
     request_sets = [RequestSet(rows["at_s"].to_numpy(float), rows["prompt_len"].to_numpy(np.int64),
                                rows["tokens"].clip(lower=1).to_numpy(np.int64)) for _, rows in groups]
-    sims = [replica_simulator(device, catalog.model(model)) for model, _ in groups]
+    sims = [replica_simulator(device, catalog.llm(model), layers.get(model)) for model, _ in groups]
     results, _ = simulate_colocated(sims, request_sets, device.gpu.neighbour_slowdown)
     for (_, rows), requests, result in zip(groups, request_sets, results, strict=True):
         ttft = result.first_token_s - requests.arrival_s + rows["route_s"].to_numpy(float)
@@ -186,9 +192,31 @@ def planned_p95(catalog, device, plan, params, count: int, cap: int) -> Callable
 
     def p95(qps: float) -> float:
         at = frame.assign(sent_s=frame["arrival_s"] / qps)
-        return float(np.percentile(predict(catalog, at, device, "raw")["raw_e2e"], 95))
+        return float(np.percentile(predict(catalog, at, device, "raw", plan_layers(plan))["raw_e2e"], 95))
 
     return p95
+
+
+def plan_layers(plan) -> dict[str, int | None]:
+    """Layers each plan model's replicas hold (``None``: the whole model)."""
+    return {m.model: m.layers for m in plan.models}
+
+
+def cut_plan(params, catalog, plan, cut: str):
+    """``plan`` with the replicas of ``cut``'s model (``MODEL=LAYERS``) cut to that many layers, its truncated
+    checkpoint written where ``exitplan deploy`` looks for it if it is not there yet."""
+    from exitplan.deploy import partial_path
+    from exitplan.vllm.truncate import truncate
+
+    model, _, layers_text = cut.rpartition("=")
+    entry, layers = plan.entry(model), int(layers_text)
+    if entry is None or not 1 <= layers < catalog.llm(model).num_layers:
+        raise SystemExit(f"--cut {cut}: the plan has no {model!r} or {layers} is not below its layers")
+    if not (partial_path(params, model, layers) / "config.json").is_file():
+        truncate(params.fetched(model), partial_path(params, model, layers), layers, params.vllm.dtype)
+    groups = [g.model_copy(update={"layers": layers}) for g in entry.groups]
+    models = [m.model_copy(update={"groups": groups}) if m.model == model else m for m in plan.models]
+    return plan.model_copy(update={"models": models})
 
 
 def measure_point(params, fleet, plan_dir: Path, frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
@@ -204,13 +232,17 @@ def measure_point(params, fleet, plan_dir: Path, frame: pd.DataFrame) -> tuple[p
 
 
 def main() -> None:
-    args, base = start(__doc__, {"--scenario": {"default": "qwen-local", "help": "Scenario whose plan to deploy."}})
+    args, base = start(__doc__, {"--scenario": {"default": "qwen-local", "help": "Scenario whose plan to deploy."},
+                                 "--cut": {"default": None, "help": "MODEL=LAYERS: cut that model's replicas"}})
     params = base.model_copy(update={"deploy": base.deploy.model_copy(update={"backend": "vllm"})})
     scenario = next(s for s in params.plan.scenarios if s.name == args.scenario)
     count, cap = 20 if args.quick else 100, params.build_perf_db.vllm_max_output_len
     plan_dir = params.path(params.plan.output_dir) / scenario.name
     plan = read_plan(plan_dir / PLAN_FILE)
     catalog = load_catalog(params.path(params.catalog))
+    if args.cut:
+        plan = cut_plan(params, catalog, plan, args.cut)
+        print(f"plan {scenario.name} with {args.cut}: {plan_layers(plan)} layers per model")
     device = device_of(params, "profile_vllm")
     print(standing(device, read_calibration(calibration_path(params, "profile_vllm")), params.calibrate.max_age_h)
           .line())
@@ -226,8 +258,9 @@ def main() -> None:
             frame = trace(params, count, qps, cap, point)
             (measured, stats), drift, (before, after) = prober.around(lambda f=frame: measure_point(
                 params, fleet, plan_dir, f))
-            predicted = predict(catalog, measured, device, "raw")
-            predicted = predict(catalog, predicted, prober.corrected(drift), "cor").rename(columns={"model": "who"})
+            predicted = predict(catalog, measured, device, "raw", plan_layers(plan))
+            predicted = predict(catalog, predicted, prober.corrected(drift), "cor", plan_layers(plan)).rename(
+                columns={"model": "who"})
             tables.append(cells(predicted, qps))
             frames.append(predicted.assign(qps=qps, drift_prefill=drift.prefill, drift_decode=drift.decode))
             at_plan = predicted if point == 0 else at_plan
@@ -244,7 +277,8 @@ def main() -> None:
     print(f"plot: {plot(table, 'fleet_vs_plan', f'{scenario.name} on vLLM CPU replicas', ['all'])}")
     assert at_plan is not None
     worst = max(float(np.percentile(rows["e2e"], 95)) for _, rows in at_plan.groupby("who"))
-    promised = plan.predicted_p95_s
+    promised = plan.predicted_p95_s if not args.cut else max(
+        float(np.percentile(rows["raw_e2e"], 95)) for _, rows in at_plan.groupby("who"))
     print(f"plan {scenario.name} at its load {scenario.load_qps} req/s: predicted P95 (worst model) {promised:.3f} s,"
           f" measured {worst:.3f} s")
     figures = {**summary(table, prober, ['all']), "plan_p95_err": abs(promised - worst) / worst}

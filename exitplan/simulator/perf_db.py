@@ -57,6 +57,12 @@ def steady_ratio(result: ReplicaResult) -> float:
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s")
 
 
+PARTIAL_EXIT_LAYERS = 0
+"""Exit-block layers a partial replica of the perf DB holds besides its cut: none. A partial replica is what
+``exitplan deploy`` serves, a truncated checkpoint (:mod:`exitplan.vllm.truncate`) that answers through the model's
+own final norm and head at the cut (the identity exit), not an EE-Tuning exit block."""
+
+
 @dataclass(frozen=True)
 class Layout:
     """One deployment of a replica: GPU type, TP, PP and layers held."""
@@ -95,7 +101,7 @@ def enumerate_layouts(model: Model, gpu: Gpu, max_gpus: int, layer_fractions: Se
             while tp * pp <= max_gpus:
                 if not validate_parallelism(model, gpu, tp, pp, layers):
                     try:
-                        kv_capacity_blocks(ReplicaSpec(model, gpu, tp, pp, layers), engine)
+                        kv_capacity_blocks(ReplicaSpec(model, gpu, tp, pp, layers, PARTIAL_EXIT_LAYERS), engine)
                         layouts.append(Layout(gpu.id, tp, pp, layers))
                     except SimulationError:
                         pass
@@ -121,7 +127,7 @@ def _row(model: Model, gpu: Gpu, layout: Layout, qps: float, metrics: dict[str, 
 def sweep_layout(model: Model, gpu: Gpu, layout: Layout, engine: EngineParams, qps_grid: Sequence[float],
                  lengths: tuple[np.ndarray, np.ndarray], num_requests: int, seed: int) -> list[dict[str, Any]]:
     """Simulate one layout at every load of the grid (ascending), stopping at saturation."""
-    sim = ReplicaSimulator(ReplicaSpec(model, gpu, layout.tp, layout.pp, layout.layers), engine)
+    sim = ReplicaSimulator(ReplicaSpec(model, gpu, layout.tp, layout.pp, layout.layers, PARTIAL_EXIT_LAYERS), engine)
     prompts, outputs = sample_lengths(lengths[0], lengths[1], num_requests, seed)
     unit = poisson_arrivals(num_requests, 1.0, np.random.default_rng([seed, 29]))
     rows, saturated = [], False

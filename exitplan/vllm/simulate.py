@@ -52,11 +52,13 @@ def holding(device: DeviceProfile, models: list[Model]) -> Gpu:
     return device.gpu.model_copy(update={"memory_gib": (weights + _knobs(device).kv_cache_gib * GIB) / GIB})
 
 
-def replica_simulator(device: DeviceProfile, model: Model) -> ReplicaSimulator:
-    """The simulator of one vLLM CPU replica of ``model``: the fitted device holding exactly the model's weights and
-    the replica's KV cache, in the precision it was profiled in, with :func:`vllm_engine`'s knobs."""
+def replica_simulator(device: DeviceProfile, model: Model, layers: int | None = None) -> ReplicaSimulator:
+    """The simulator of one vLLM CPU replica of ``model`` (cut to ``layers``: a truncated checkpoint, its own head at
+    the cut): the fitted device holding exactly the model's weights and the replica's KV cache, in the precision it
+    was profiled in, with :func:`vllm_engine`'s knobs."""
     model = model.model_copy(update={"dtype_bytes": DTYPE_BYTES[_knobs(device).dtype]})
-    return ReplicaSimulator(ReplicaSpec(model, holding(device, [model])), vllm_engine(device))
+    return ReplicaSimulator(ReplicaSpec(model, holding(device, [model]), layers=layers, exit_head_layers=0),
+                            vllm_engine(device))
 
 
 def planning_catalog(params: Params) -> Catalog:
