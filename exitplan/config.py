@@ -589,6 +589,11 @@ class LabelQualityParams(StrictModel):
     user_labels: str | None = None
     """CSV of labels for models that cannot run here (columns model, dataset, query_id, quality)."""
 
+    depths: dict[str, list[PositiveInt]] = Field(default_factory=dict)
+    """Model -> exits (layers) labelled too, the same way: the model cut there answers through its own final norm
+    and head (the truncated checkpoint a partial vLLM replica serves). A planner scenario that plans depth takes
+    these per-query labels for that depth instead of the exit profile's rule. Cost: a whole model's labels each."""
+
     seed: int = Field(default=0, ge=0)
     """Seed of the query sample."""
 

@@ -45,11 +45,36 @@ def quality_table(labels: Any, models: Sequence[str]) -> Any:
         raise LabelsNotFound(f"no quality labels for {missing}: run label_quality on them, import them "
                              f"(import_labels), or supply a CSV (model, dataset, query_id, quality) as "
                              f"label_quality.user_labels")
-    mine = labels[labels["model"].isin(list(models))]
+    mine = whole_depth(labels[labels["model"].isin(list(models))])
     wide = mine.pivot_table(index=["dataset", "query_id"], columns="model", values="quality")[list(models)].dropna()
     if len(wide) < 4:
         raise ExitplanError(f"only {len(wide)} queries are labelled for all of {list(models)}")
     return wide
+
+
+def whole_depth(labels: Any) -> Any:
+    """The label rows of each model at its full depth: all of them when the table has no ``layers`` column (labels
+    imported or supplied), else those at the model's deepest labelled depth (or without a depth)."""
+    if "layers" not in labels.columns:
+        return labels
+    deepest = labels.groupby("model")["layers"].transform("max")
+    return labels[labels["layers"].isna() | (labels["layers"] == deepest)]
+
+
+def depth_labels(labels: Any, models: Sequence[str], index: Any) -> dict[tuple[str, int], np.ndarray]:
+    """Per (model, cut depth), the quality of each query of ``index`` ((dataset, query_id) pairs, in order) labelled
+    at that depth: only depths below the model's full one that label every query of ``index``."""
+    if "layers" not in labels.columns:
+        return {}
+    out = {}
+    deepest = labels.groupby("model")["layers"].transform("max")
+    cut = labels[labels["model"].isin(list(models)) & (labels["layers"] < deepest)]
+    for (model, layers), rows in cut.groupby(["model", "layers"]):
+        column = rows.set_index(["dataset", "query_id"])["quality"]
+        column = column[~column.index.duplicated()].reindex(index)
+        if column.notna().all():
+            out[(str(model), int(layers))] = column.to_numpy(float)
+    return out
 
 
 def quality_function(scores: np.ndarray, qualities: np.ndarray, steps: int) -> tuple[Any, np.ndarray, np.ndarray]:

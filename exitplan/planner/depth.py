@@ -87,7 +87,8 @@ def routed_contributions(scores: np.ndarray, column: np.ndarray, model: int, gri
 
 def build_depth_quality(models: Sequence[str], scores: np.ndarray, qualities: np.ndarray, grid: np.ndarray,
                         depths: Mapping[str, Sequence[int]], agreement: Mapping[str, Mapping[int, float]],
-                        sources: Mapping[str, str], floor: float) -> DepthQuality:
+                        sources: Mapping[str, str], floor: float,
+                        measured: Mapping[str, Mapping[int, np.ndarray]] | None = None) -> DepthQuality:
     """Q(f, depths) of the router's held-out queries.
 
     Args:
@@ -99,6 +100,8 @@ def build_depth_quality(models: Sequence[str], scores: np.ndarray, qualities: np
         agreement: Model -> layers -> the exit's agreement with the full model (every depth below full needs one).
         sources: Model -> where its agreement figures come from.
         floor: The quality of a wrong answer (:func:`depth_quality_rule`).
+        measured: Model -> layers -> each held-out query's quality labelled at that depth: used as it is, before
+            the rule.
 
     Raises:
         ExitplanError: naming a model's depth that has no agreement figure.
@@ -109,6 +112,8 @@ def build_depth_quality(models: Sequence[str], scores: np.ndarray, qualities: np
         for layers in depths[m]:
             if layers == full:
                 column = qualities[:, k]
+            elif measured is not None and layers in measured.get(m, {}):
+                column = np.asarray(measured[m][layers], float)
             elif layers in agreement.get(m, {}):
                 column = depth_quality_rule(qualities[:, k], agreement[m][layers], floor)
             else:

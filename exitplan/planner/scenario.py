@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,7 @@ def train_on_labels(section: PlanParams, labels: Any, queries: Any, models: list
     Raises:
         ExitplanError: a model has no labels, too few queries are labelled for all, or a prompt is missing.
     """
-    from exitplan.planner.build import quality_table
+    from exitplan.planner.build import depth_labels, quality_table
     from exitplan.routing.scores import embed
     from exitplan.routing.trainer import train_router
 
@@ -141,7 +142,9 @@ def train_on_labels(section: PlanParams, labels: Any, queries: Any, models: list
         raise ExitplanError(f"no prompt for {len(missing)} labelled queries, e.g. {list(missing[0])}: every "
                             f"labelled (dataset, query_id) needs its prompt text")
     vectors = embed(embedder, texts.loc[wide.index].tolist())
-    return train_router(vectors, wide.to_numpy(), section.seed, section.routing_train_share, section.fraction_steps)
+    routing = train_router(vectors, wide.to_numpy(), section.seed, section.routing_train_share, section.fraction_steps)
+    at_depth = depth_labels(labels, models, wide.index)
+    return replace(routing, held_depth={key: column[routing.held_rows] for key, column in at_depth.items()})
 
 
 def _depth_figures(problem: PlanProblem, scenario: PlanScenario,
@@ -174,8 +177,9 @@ def _front_frame(mobo: list, truth: list, marks: dict[str, Any]) -> Any:
 def scenario_depths(scenario: PlanScenario, db: Any, catalog: Catalog, routing: TrainedRouter,
                     agreement: Mapping[str, Mapping[int, float]]) -> tuple[dict[str, list[int]], Any]:
     """The depths each model of a depth-planning scenario may be cut to, and Q(f, depths) on the router's held-out
-    queries: a model's agreement by depth from ``scenario.depth_agreement`` (a published table) when given there,
-    else from ``agreement`` (the exit profile's identity exits).
+    queries: per query where the model was labelled at that depth (``label_quality.depths``, in ``routing``), else
+    by the rule from its agreement at that exit: ``scenario.depth_agreement``'s (a published table) when given
+    there, the exit profile's (identity exits, ``agreement``) otherwise.
 
     Raises:
         ExitplanError: naming a depth the perf DB holds whose quality was never measured.
@@ -183,16 +187,23 @@ def scenario_depths(scenario: PlanScenario, db: Any, catalog: Catalog, routing: 
     from exitplan.planner.depth import build_depth_quality, check_depths
 
     depths, used, sources = {}, {}, {}
+    measured: dict[str, dict[int, np.ndarray]] = {}
+    for (m, layers), column in routing.held_depth.items():
+        measured.setdefault(m, {})[layers] = column
     for m in scenario.models:
         rows = db[(db["model"] == m) & db["gpu"].isin(list(scenario.gpus))]
         published = m in scenario.depth_agreement
         used[m] = dict(scenario.depth_agreement[m] if published else agreement.get(m, {}))
-        depths[m] = check_depths(m, sorted({int(x) for x in rows["layers"]}), catalog.llm(m).num_layers, used[m])
+        known = {**used[m], **dict.fromkeys(measured.get(m, {}), 1.0)}
+        depths[m] = check_depths(m, sorted({int(x) for x in rows["layers"]}), catalog.llm(m).num_layers, known)
         rule = f"q = {scenario.quality_floor} + a (q_full - {scenario.quality_floor})"
-        sources[m] = (f"published agreement by exit (params: plan.scenarios[{scenario.name}].depth_agreement), {rule}"
-                      if published else f"exit_profile: identity-exit agreement on held-out text, {rule}")
+        source = (f"published agreement by exit (params: plan.scenarios[{scenario.name}].depth_agreement), {rule}"
+                  if published else f"exit_profile: identity-exit agreement on held-out text, {rule}")
+        labelled = sorted(set(measured.get(m, {})) & set(depths[m]))
+        sources[m] = (f"label_quality per query at {labelled} layers; other depths: {source}" if labelled
+                      else source)
     quality = build_depth_quality(scenario.models, routing.held_scores, routing.held_qualities, routing.grid, depths,
-                                  used, sources, scenario.quality_floor)
+                                  used, sources, scenario.quality_floor, measured)
     return depths, quality
 
 

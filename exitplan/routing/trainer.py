@@ -32,6 +32,8 @@ class TrainedRouter:
         held_out: Queries the curves were measured on.
         held_scores: Routing scores of the held-out queries (Q(f, depths) is measured on them too).
         held_qualities: Their quality on each model (``held_out x models``).
+        held_rows: Their rows in the labelled queries given to :func:`train_router`.
+        held_depth: (model, cut depth) -> their quality on the model cut there, where labels exist at that depth.
     """
 
     scorer: EmbeddingScorer
@@ -45,6 +47,8 @@ class TrainedRouter:
     held_out: int
     held_scores: np.ndarray = field(default_factory=lambda: np.zeros(0))
     held_qualities: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    held_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
+    held_depth: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
 
 
 def train_router(vectors: np.ndarray, qualities: np.ndarray, seed: int, train_share: float,
@@ -70,4 +74,4 @@ def train_router(vectors: np.ndarray, qualities: np.ndarray, seed: int, train_sh
     random = quality_curve(np.random.default_rng(seed).normal(size=len(held)), qualities[held], grid)
     return TrainedRouter(scorer=scorer, quality=quality, grid=grid, values=values, oracle=oracle, random=random,
                          window=scorer.score(vectors), train=len(train), held_out=len(held),
-                         held_scores=np.asarray(held_scores, float), held_qualities=qualities[held])
+                         held_scores=np.asarray(held_scores, float), held_qualities=qualities[held], held_rows=held)

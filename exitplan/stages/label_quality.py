@@ -27,14 +27,30 @@ def sample_queries(params: Params) -> Any:
     return pd.concat(parts, ignore_index=True)
 
 
-def label_model(params: Params, name: str, queries: Any) -> Any:
-    """Reference scores of every query, and exact match of generated answers on the first GSM8K ones."""
+def label_model(params: Params, name: str, queries: Any, layers: int | None = None) -> Any:
+    """Reference scores of every query, and exact match of generated answers on the first GSM8K ones; the model
+    cut to ``layers`` (its own head at the cut) when given. A ``layers`` column holds the depth labelled."""
+    import tempfile
+    from pathlib import Path
+
+    from exitplan.vllm.truncate import read_layers, truncate
+
+    checkpoint = params.fetched(name)
+    full = read_layers(checkpoint)
+    if layers is None or layers >= full:
+        return _label(params, name, checkpoint, queries).assign(layers=full)
+    with tempfile.TemporaryDirectory() as tmp:
+        cut = truncate(checkpoint, Path(tmp) / "cut", layers, params.label_quality.dtype)
+        return _label(params, name, cut, queries).assign(layers=layers)
+
+
+def _label(params: Params, name: str, checkpoint: Any, queries: Any) -> Any:
+    """The labels of the checkpoint at ``checkpoint`` (see :func:`label_model`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from exitplan.routing.labels import exact_match, generate, reference_scores
 
     section = params.label_quality
-    checkpoint = params.fetched(name)
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch_dtype(section.dtype)).eval()
     frame = queries[["dataset", "query_id"]].copy()
@@ -63,12 +79,16 @@ def main(params: Params) -> dict[str, Any]:
     started = time.perf_counter()
     queries = sample_queries(params)
     frames = [label_model(params, name, queries) for name in section.models]
+    frames += [label_model(params, name, queries, layers) for name, depths in section.depths.items()
+               for layers in depths if name in section.models]
     if section.user_labels:
         frames.append(read_user_labels(params.path(section.user_labels)))
     labels = pd.concat(frames, ignore_index=True)
     labels["query_id"] = labels["query_id"].astype(str)
     write_parquet(labels_path(params), labels)
-    summary = labels.groupby(["model", "metric"])["quality"].mean()
+    cut = labels["layers"] < labels.groupby("model")["layers"].transform("max")  # NaN (a user's labels): whole
+    summary = labels.assign(at=labels["model"].where(~cut, labels["model"] + "@" + labels["layers"].astype("Int64")
+                                                     .astype(str))).groupby(["at", "metric"])["quality"].mean()
     metrics = {f"{m}.{metric}": float(v) for (m, metric), v in summary.items()}
     metrics["queries"] = len(queries)
     report = write_json(params.path("reports") / STAGE / "metrics.json", metrics)

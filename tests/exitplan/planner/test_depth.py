@@ -49,6 +49,14 @@ def test_depth_quality_on_a_hand_computed_case() -> None:
     assert q.sources == {"s": "table", "l": "labels (full depth)"}
 
 
+def test_labels_measured_at_a_depth_are_taken_per_query_before_the_rule() -> None:
+    at_two = np.asarray([0.0, 0.0, 0.6, 0.6])  # labelled at 2 layers: the cut fails on the easy queries only
+    q = build_depth_quality(["s", "l"], SCORES, QUALITIES, GRID, {"s": [2, 4], "l": [4]}, {"s": {2: 0.5}}, {}, 0.0,
+                            measured={"s": {2: at_two}})
+    assert q(np.asarray([0.5, 0.5]), (2, 4)) == pytest.approx((0 + 0 + 1 + 1) / 4)  # not the rule's 0.575
+    assert q(np.asarray([1.0, 0.0]), (2, 4)) == pytest.approx(1.2 / 4)
+
+
 def test_a_depth_without_a_quality_figure_is_rejected_by_name() -> None:
     with pytest.raises(ExitplanError, match=r"s: no quality is known at 3 layers"):
         build_depth_quality(["s", "l"], SCORES, QUALITIES, GRID, {"s": [3, 4], "l": [4]}, {"s": {2: 0.5}}, {}, 0.0)
