@@ -176,6 +176,24 @@ def chosen_of(problem: PlanProblem, searched: list, slo: float):
     return best_under([*searched, *exhaustive(problem, 20)], min_quality=slo)
 
 
+HYPOTHETICAL = (0.7, 0.8, 0.9, 0.95, 1.0)
+"""Agreements tried at the published exits to show what an exit must keep for depth to pay (not a measurement)."""
+
+
+def what_it_takes(params: Params, scenario: PlanScenario, routing: TrainedRouter, slo: float, best_off) -> None:
+    """The P95 cut at the floor if the published exits agreed with the full model this much instead (exact front):
+    what an early-exit-trained checkpoint must reach at those depths for the cut to appear."""
+    cuts = []
+    for a in HYPOTHETICAL:
+        table = {m: dict.fromkeys(row, a) for m, row in scenario.depth_agreement.items()}
+        problem = scenario_problem(params, scenario.model_copy(update={"depth_agreement": table}), routing.quality,
+                                   scenario.load_qps, scenario.budget_per_hour, routing)
+        best = best_under(exhaustive(problem, params.plan.fraction_steps), min_quality=slo)
+        cuts.append(f"{a:.2f}: {1 - best.latency / best_off.latency:.1%}" if best and best_off else f"{a:.2f}: -")
+    print(f"hypothetical, not measured - the P95 cut at Q >= {slo:.3f} if the published exits agreed with the full "
+          f"model this much: {'; '.join(cuts)}")
+
+
 def depth_report(params: Params, scenario: PlanScenario, routing: TrainedRouter, budget: int) -> None:
     """The front with depth off and on (the same perf DB, budget, load and labels), MOBO on the depth-planning
     problem against its exact front, and the P95 depth buys at the quality floor; the RESULT line."""
@@ -214,6 +232,8 @@ def depth_report(params: Params, scenario: PlanScenario, routing: TrainedRouter,
     print(f"at Q >= {slo:.3f}: full depth {best_off.latency if best_off else float('nan'):.3f} s "
           f"({describe_plan(off, best_off) if best_off else 'none'}); with depth "
           f"{best_on.latency if best_on else float('nan'):.3f} s ({describe_plan(on, best_on) if best_on else 'none'})")
+    if scenario.depth_agreement:
+        what_it_takes(params, scenario, routing, slo, best_off)
     depths = "/".join(str(x) for x in best_on.layers) if best_on else "none"
     print(f"RESULT hv_ratio={hv_ratio:.3f} depth_on_p95_gain={gain:.3f} chosen_depths={depths} "
           f"hv_depth_on_vs_off={hv_on / hv_off:.3f}")

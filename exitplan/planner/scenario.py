@@ -60,13 +60,11 @@ def describe(problem: Any, plan: Any, window: np.ndarray, db: Any, **extra: Any)
     cuts = thresholds(window, plan.fractions)
     models = []
     shared = iter(problem.colocated_latencies(np.asarray(plan.fractions), plan.choice) or [])
-    sources = getattr(problem.depth_quality, "sources", {})
     for i, (m, c, f) in enumerate(zip(problem.models, plan.choice, plan.fractions, strict=True)):
         cand = problem.candidates[m][c]
         load = f * problem.load
         entry: dict[str, Any] = {"model": m, "fraction": f, "load_qps": load, "deployed": f >= 1e-3,
-                                 "full_layers": problem.depths(i)[-1],
-                                 "quality_source": sources.get(m, "labels (full depth)")}
+                                 "full_layers": problem.depths(i)[-1], "quality_source": quality_source(problem, i, c)}
         if f >= 1e-3:
             weights, p95 = best_split(load, cand.replica_curves(problem.curves[m]))
             p99_curves = deployment_curves(db, m, [g.gpu for g in cand.groups], "e2e_p99_s",
@@ -81,6 +79,15 @@ def describe(problem: Any, plan: Any, window: np.ndarray, db: Any, **extra: Any)
     return Plan(models=models, thresholds=[float(x) for x in cuts], predicted_p95_s=plan.latency,
                 predicted_quality=plan.quality, cost_per_hour=plan.cost, load_qps=problem.load,
                 budget_per_hour=problem.budget, **extra)
+
+
+def quality_source(problem: Any, model: int, cand: int) -> str:
+    """Where the quality of a model at its candidate's depth comes from, for ``plan.json``."""
+    layers, full = problem.layers_of(model, cand), problem.depths(model)[-1]
+    if layers == full:
+        return "labels (full depth)"
+    sources = getattr(problem.depth_quality, "sources", {})
+    return f"at {layers} of {full} layers: {sources.get(problem.models[model], '')}"
 
 
 def plot_front(path: Path, title: str, mobo: list, truth: list, marks: dict[str, Any], chosen: Any) -> Path:
