@@ -32,7 +32,8 @@ depth the perf DB swept (``build_perf_db.partial_layers``; quality by depth from
 scenario's published ``depth_agreement``, :mod:`exitplan.planner.depth`), MOBO with the depth coordinates against
 the depth front, and the fastest plan meeting the quality floor each way. Last line: ``RESULT hv_ratio=...
 depth_on_p95_gain=... chosen_depths=... hv_depth_on_vs_off=...`` (``hv_ratio``: MOBO's share of the depth front's
-hypervolume; ``depth_on_p95_gain``: 1 - P95 with depth / P95 at full depth, same floor, budget and load;
+hypervolume; ``depth_on_p95_gain``: 1 - P95 with depth / P95 at full depth, same floor, budget and load, both the exact
+front's on the fraction grid;
 ``chosen_depths``: layers per model of the chosen plan, smallest model first).
 """
 
@@ -224,7 +225,8 @@ def depth_report(params: Params, scenario: PlanScenario, routing: TrainedRouter,
                     feasibility="constraint", min_quality=slo)
     hv_ratio = hypervolume(mobo.plans, *ref) / hv_on
     best_off, best_on = best_under(fronts["depth off (full depth)"], min_quality=slo), chosen_of(on, mobo.plans, slo)
-    gain = 1 - best_on.latency / best_off.latency if best_on and best_off else float("nan")
+    grid_on = best_under(fronts["depth on"], min_quality=slo)  # like for like: both on the exact grid
+    gain = 1 - grid_on.latency / best_off.latency if grid_on and best_off else float("nan")
     print(f"\nhypervolume (log P95 x quality): depth off {hv_off:.4f}, depth on {hv_on:.4f} "
           f"({hv_on / hv_off:.3f}x); MOBO on the depth problem, {len(mobo.plans)} evaluations: {hv_ratio:.3f} of it "
           f"({mobo.seconds:.1f} s); its plans at a cut depth: "
