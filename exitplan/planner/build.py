@@ -55,20 +55,20 @@ def quality_table(labels: Any, models: Sequence[str]) -> Any:
 def whole_depth(labels: Any) -> Any:
     """The label rows of each model at its full depth: all of them when the table has no ``layers`` column (labels
     imported or supplied), else those at the model's deepest labelled depth (or without a depth)."""
-    if "layers" not in labels.columns:
-        return labels
-    deepest = labels.groupby("model")["layers"].transform("max")
-    return labels[labels["layers"].isna() | (labels["layers"] == deepest)]
+    from exitplan.routing.labels import below_full_depth
+
+    return labels[~below_full_depth(labels)]
 
 
 def depth_labels(labels: Any, models: Sequence[str], index: Any) -> dict[tuple[str, int], np.ndarray]:
     """Per (model, cut depth), the quality of each query of ``index`` ((dataset, query_id) pairs, in order) labelled
     at that depth: only depths below the model's full one that label every query of ``index``."""
+    from exitplan.routing.labels import below_full_depth
+
     if "layers" not in labels.columns:
         return {}
     out = {}
-    deepest = labels.groupby("model")["layers"].transform("max")
-    cut = labels[labels["model"].isin(list(models)) & (labels["layers"] < deepest)]
+    cut = labels[labels["model"].isin(list(models)) & below_full_depth(labels)]
     for (model, layers), rows in cut.groupby(["model", "layers"]):
         column = rows.set_index(["dataset", "query_id"])["quality"]
         column = column[~column.index.duplicated()].reindex(index)
@@ -111,6 +111,7 @@ def problem_from(db: Any, prices: Mapping[str, float], available: Mapping[str, i
     hold (default: full depth only)."""
     curves: dict[str, Mapping[tuple, LatencyCurve]] = {}
     candidates: dict[str, list[Candidate]] = {}
+    budgets = np.linspace(budget / budget_points, budget, budget_points).tolist()
     for m in models:
         mine = None if depths is None else depths.get(m)
         curves[m] = deployment_curves(db, m, list(prices), metric, mine)
@@ -118,7 +119,6 @@ def problem_from(db: Any, prices: Mapping[str, float], available: Mapping[str, i
         for layers in sorted({key[3] for key in curves[m]}):
             at = {key: c for key, c in curves[m].items() if key[3] == layers}
             target = target_latency or float(np.median([c.latency[-1] for c in at.values() if c.capacity]))
-            budgets = np.linspace(budget / budget_points, budget, budget_points).tolist()
             found += mixed_candidates(at, prices, load, available, budgets, target, shares)
         candidates[m] = sorted(found, key=lambda c: c.cost)
         if not candidates[m]:

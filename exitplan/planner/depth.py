@@ -21,7 +21,7 @@ summed and interpolated like Q(f) (:func:`exitplan.planner.build.quality_functio
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -53,11 +53,14 @@ class DepthQuality:
         contributions: ``(model index, layers)`` -> per grid point, the mean over the held-out queries of the
             quality of those routed to the model at that depth (0 for the others).
         sources: Model -> where its quality-by-depth figures come from (what ``plan.json`` records).
+        agreement: Model -> exit layer -> its agreement figure at each of its depths that has one (what
+            ``plan.json`` records).
     """
 
     grid: np.ndarray
     contributions: Mapping[tuple[int, int], np.ndarray]
     sources: Mapping[str, str]
+    agreement: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
 
     def __call__(self, fractions: np.ndarray, layers: Sequence[int]) -> float:
         """Q at ``fractions`` with model ``k`` cut to ``layers[k]`` (interpolated along the large model's share
@@ -107,6 +110,7 @@ def build_depth_quality(models: Sequence[str], scores: np.ndarray, qualities: np
         ExitplanError: naming a model's depth that has no agreement figure.
     """
     table: dict[tuple[int, int], np.ndarray] = {}
+    figures: dict[str, dict[int, float]] = {}
     for k, m in enumerate(models):
         full = max(depths[m])
         for layers in depths[m]:
@@ -120,7 +124,9 @@ def build_depth_quality(models: Sequence[str], scores: np.ndarray, qualities: np
                 raise ExitplanError(f"{m}: no quality is known at {layers} layers (measured: "
                                     f"{sorted(agreement.get(m, {}))})")
             table[(k, layers)] = routed_contributions(scores, column, k, grid)
-    return DepthQuality(np.asarray(grid, float), table, {m: sources.get(m, "labels (full depth)") for m in models})
+        figures[m] = {d: float(agreement[m][d]) for d in depths[m] if d in agreement.get(m, {})}
+    return DepthQuality(np.asarray(grid, float), table, {m: sources.get(m, "labels (full depth)") for m in models},
+                        figures)
 
 
 def read_agreement(path: Path, kind: str = SERVED_KIND, dataset: str = "all") -> dict[str, dict[int, float]]:

@@ -154,16 +154,11 @@ def train_on_labels(section: PlanParams, labels: Any, queries: Any, models: list
     return replace(routing, held_depth={key: column[routing.held_rows] for key, column in at_depth.items()})
 
 
-def _depth_figures(problem: PlanProblem, scenario: PlanScenario,
-                   agreement: Mapping[str, Mapping[int, float]]) -> dict[str, dict[int, float]]:
-    """Per model, the agreement figures of the depths the problem planned over (none without depth)."""
+def _depth_figures(problem: PlanProblem) -> dict[str, dict[int, float]]:
+    """Per model, the agreement figures Q(f, depths) was built with (none when the problem plans no depth)."""
     if not problem.plans_depth:
         return {}
-    out = {}
-    for i, m in enumerate(problem.models):
-        table = scenario.depth_agreement.get(m) or agreement.get(m, {})
-        out[m] = {d: float(table[d]) for d in problem.depths(i) if d in table}
-    return out
+    return {m: dict(row) for m, row in getattr(problem.depth_quality, "agreement", {}).items()}
 
 
 def _front_frame(mobo: list, truth: list, marks: dict[str, Any]) -> Any:
@@ -287,7 +282,7 @@ def plan_scenario(section: PlanParams, scenario: PlanScenario, db: Any, catalog:
                                    "oracle": routing.oracle.tolist(), "random": routing.random.tolist()},
                     evaluations=len(mobo.plans), found_by="mobo" if chosen is from_mobo else "exhaustive",
                     mobo_p95_s=None if from_mobo is None else from_mobo.latency, plans_depth=problem.plans_depth,
-                    depth_agreement=_depth_figures(problem, scenario, agreement or {}))
+                    depth_agreement=_depth_figures(problem))
     write_plan(out / PLAN_FILE, plan)
     save_router(out / ROUTER_FILE, section.embedder, scenario.models, routing.scorer, routing.window)
     png = plot_front(reports / PLOT_FILE, f"{scenario.name}: {scenario.load_qps} req/s, "

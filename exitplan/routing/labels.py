@@ -111,3 +111,14 @@ def read_user_labels(path: Path) -> Any:
         raise ExitplanError(f"{path}: a (model, dataset, query_id) appears twice")
     frame["query_id"] = frame["query_id"].astype(str)
     return frame.assign(metric="user")[[*USER_COLUMNS, "metric"]]
+
+
+def below_full_depth(labels: Any) -> Any:
+    """Which label rows are of a model cut below its deepest labelled depth (``label_quality.depths``): a boolean
+    series; all false when the table has no ``layers`` column (labels imported or supplied), and for rows without
+    a depth."""
+    import pandas as pd
+
+    if "layers" not in labels.columns:
+        return pd.Series(False, index=labels.index)
+    return labels["layers"] < labels.groupby("model")["layers"].transform("max")

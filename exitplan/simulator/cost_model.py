@@ -19,6 +19,11 @@ from exitplan.catalog import Gpu, Model
 from exitplan.errors import SimulationError
 from exitplan.simulator.comm import Interconnect
 
+PARTIAL_EXIT_LAYERS = 0
+"""Exit-block layers of a partial replica as ``exitplan deploy`` serves it: none. It is a truncated checkpoint
+(:mod:`exitplan.vllm.truncate`) answering through the model's own final norm and head at the cut (the identity exit),
+not an EE-Tuning exit block (:attr:`ReplicaSpec.exit_head_layers`' default, our HELIOS engine's block heads)."""
+
 
 @dataclass(frozen=True)
 class ReplicaSpec:

@@ -18,7 +18,7 @@ from exitplan.catalog import Catalog, Gpu, Model
 from exitplan.config import DaskParams, EngineParams
 from exitplan.errors import SimulationError
 from exitplan.fanout import sweep
-from exitplan.simulator.cost_model import ReplicaSpec, validate_parallelism
+from exitplan.simulator.cost_model import PARTIAL_EXIT_LAYERS, ReplicaSpec, validate_parallelism
 from exitplan.simulator.curve import LatencyCurve
 from exitplan.simulator.metrics import summarize
 from exitplan.simulator.replica import ReplicaResult, ReplicaSimulator, RequestSet, kv_capacity_blocks
@@ -55,12 +55,6 @@ def steady_ratio(result: ReplicaResult) -> float:
 
 
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s")
-
-
-PARTIAL_EXIT_LAYERS = 0
-"""Exit-block layers a partial replica of the perf DB holds besides its cut: none. A partial replica is what
-``exitplan deploy`` serves, a truncated checkpoint (:mod:`exitplan.vllm.truncate`) that answers through the model's
-own final norm and head at the cut (the identity exit), not an EE-Tuning exit block."""
 
 
 @dataclass(frozen=True)

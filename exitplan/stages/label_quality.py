@@ -73,7 +73,7 @@ def main(params: Params) -> dict[str, Any]:
     """Label every model of ``label_quality.models`` (plus the user's CSV); write the labels and metrics."""
     import pandas as pd
 
-    from exitplan.routing.labels import read_user_labels
+    from exitplan.routing.labels import below_full_depth, read_user_labels
 
     section = params.label_quality
     started = time.perf_counter()
@@ -86,7 +86,7 @@ def main(params: Params) -> dict[str, Any]:
     labels = pd.concat(frames, ignore_index=True)
     labels["query_id"] = labels["query_id"].astype(str)
     write_parquet(labels_path(params), labels)
-    cut = labels["layers"] < labels.groupby("model")["layers"].transform("max")  # NaN (a user's labels): whole
+    cut = below_full_depth(labels)  # a user's labels (no depth): whole
     summary = labels.assign(at=labels["model"].where(~cut, labels["model"] + "@" + labels["layers"].astype("Int64")
                                                      .astype(str))).groupby(["at", "metric"])["quality"].mean()
     metrics = {f"{m}.{metric}": float(v) for (m, metric), v in summary.items()}

@@ -11,7 +11,7 @@ from exitplan.config import EngineParams, Params
 from exitplan.errors import ExitplanError
 from exitplan.kinds import DTYPE_BYTES
 from exitplan.profiling.device_file import DeviceProfile, ReplicaKnobs, read_device
-from exitplan.simulator.cost_model import ReplicaSpec
+from exitplan.simulator.cost_model import PARTIAL_EXIT_LAYERS, ReplicaSpec
 from exitplan.simulator.replica import ReplicaSimulator
 
 GIB = 2**30
@@ -57,7 +57,8 @@ def replica_simulator(device: DeviceProfile, model: Model, layers: int | None = 
     the cut): the fitted device holding exactly the model's weights and the replica's KV cache, in the precision it
     was profiled in, with :func:`vllm_engine`'s knobs."""
     model = model.model_copy(update={"dtype_bytes": DTYPE_BYTES[_knobs(device).dtype]})
-    return ReplicaSimulator(ReplicaSpec(model, holding(device, [model]), layers=layers, exit_head_layers=0),
+    return ReplicaSimulator(ReplicaSpec(model, holding(device, [model]), layers=layers,
+                                        exit_head_layers=PARTIAL_EXIT_LAYERS),
                             vllm_engine(device))
 
 
