@@ -758,6 +758,12 @@ class HeliosParams(StrictModel):
     instead the stage took 246 s here instead of 339 s in float32, every observation within 0.02). A half precision runs
     as float32 on a CPU without bfloat16 kernels (AVX2, or AVX512 without BF16; :mod:`exitplan.cpu_features`)."""
 
+    pack_lm_head: bool = True
+    """Hold a copy of the LM head packed for oneDNN where bfloat16 packing gains (as vLLM's CPU backend does): a
+    decode step's largest matmul then runs ~1.3x faster, at the cost of ``vocab x hidden`` bfloat16 bytes that the
+    memory budget counts (272 MB for Qwen2.5-0.5B, whose head is tied to its embeddings, so held twice); off, the KV
+    pool gets those bytes (:mod:`exitplan.earlyexit.fused`)."""
+
     threshold: float = Field(default=0.8, gt=0, le=1)
     """Confidence under which an exited token counts as a breach."""
 

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from exitplan.earlyexit.fused import kv_heads, mlp, projections
 from exitplan.earlyexit.heads import BlockHead
 from exitplan.earlyexit.kv_pool import KVPool, KVShape
 from exitplan.earlyexit.partial_model import EarlyExitLM
@@ -48,9 +49,8 @@ class Work:
 
 def kv_shape(model: EarlyExitLM) -> KVShape:
     """KV shape per token and layer of ``model``."""
-    attn = model.model.model.layers[0].self_attn
     dtype = next(model.parameters()).dtype
-    return KVShape(attn.k_proj.out_features // attn.head_dim, attn.head_dim, dtype)
+    return KVShape(kv_heads(model), model.model.model.layers[0].self_attn.head_dim, dtype)
 
 
 def cached_layers(exit_layer: int, head: nn.Module | None) -> int:
@@ -188,15 +188,16 @@ class PagedRunner:
         h = layer.input_layernorm(x)
         h = self._attention(slot, layer.self_attn, h, step)
         x = residual + h
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        return x + mlp(layer.mlp, layer.post_attention_layernorm(x))
 
     def _attention(self, slot: int, attn: Any, x: torch.Tensor, step: Pass) -> torch.Tensor:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         n, hd = x.shape[0], attn.head_dim
-        q = attn.q_proj(x).view(1, n, -1, hd).transpose(1, 2)
-        k = attn.k_proj(x).view(1, n, -1, hd).transpose(1, 2)
-        v = attn.v_proj(x).view(n, -1, hd)
+        q, k, v = projections(attn, x)
+        q = q.reshape(1, n, -1, hd).transpose(1, 2)
+        k = k.reshape(1, n, -1, hd).transpose(1, 2)
+        v = v.reshape(n, -1, hd)
         q, k = apply_rotary_pos_emb(q, k, *step.rope)
         q, k = q[0].transpose(0, 1), k[0].transpose(0, 1)  # n x heads x hd
         self.pool.write(slot, step.write, k, v)  # every new token first, so a sequence's new tokens see each other

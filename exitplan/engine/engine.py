@@ -398,7 +398,7 @@ class Engine:
         layer_bytes = module_bytes(per_layer)
         self._loading_bytes = layer_bytes * (served.num_layers - served.model.held_layers)
         self._load_started = time.perf_counter()
-        self._loading = self._executor.submit(served.model.read_layers, served.num_layers)
+        self._loading = self._executor.submit(served.read_layers, served.num_layers)
         self.telemetry.events.append(Event(self.now(), "load_start", served.name, detail))
 
     def _poll_loader(self) -> None:
@@ -444,7 +444,7 @@ class Engine:
         gc.collect()
         served, base_s = ServedModel.open(candidate, 1, exits=[])
         started = time.perf_counter()
-        served.model.attach_layers(served.model.read_layers(served.num_layers))
+        served.model.attach_layers(served.read_layers(served.num_layers))
         per_layer = (time.perf_counter() - started) / max(served.num_layers - 1, 1)
         served.exit_layer = served.num_layers
         self.served = served

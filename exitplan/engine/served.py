@@ -9,6 +9,7 @@ from pathlib import Path
 
 from torch import nn
 
+from exitplan.earlyexit.fused import for_serving, fuse_layer
 from exitplan.earlyexit.kv_pool import KVPool
 from exitplan.earlyexit.packed import module_bytes
 from exitplan.earlyexit.partial_model import EarlyExitLM
@@ -27,6 +28,7 @@ class Candidate:
         exits_dir: Exit checkpoint folder (``train_exits``); ``None`` for full-depth serving only.
         head_kind: Exit-head kind to use.
         dtype: Element type of its weights, heads and KV cache (``float32`` or ``bfloat16``).
+        pack_head: Hold a packed copy of the LM head where packing gains (``helios.pack_lm_head``).
     """
 
     name: str
@@ -34,6 +36,7 @@ class Candidate:
     exits_dir: Path | None = None
     head_kind: HeadKind = "block"
     dtype: str = "float32"
+    pack_head: bool = True
 
 
 @cache
@@ -75,7 +78,7 @@ class ServedModel:
         started = time.perf_counter()
         import torch
 
-        model = EarlyExitLM.for_inference(candidate.checkpoint, layers, getattr(torch, candidate.dtype))
+        model = for_serving(candidate.checkpoint, layers, getattr(torch, candidate.dtype), candidate.pack_head)
         heads: dict[int, nn.Module] = {}
         if candidate.exits_dir is not None:
             _, available = read_heads(model, candidate.exits_dir, candidate.head_kind)
@@ -84,6 +87,12 @@ class ServedModel:
         if exits is None and layers < model.num_layers and layers not in heads:
             raise ExitplanError(f"{candidate.name} has no {candidate.head_kind} exit head after layer {layers}")
         return cls(candidate, model, heads, layers), time.perf_counter() - started
+
+    def read_layers(self, upto: int) -> list[nn.Module]:
+        """Layers ``held+1..upto`` from the checkpoint in the serving form, not attached (safe in a background
+        thread: :meth:`EarlyExitLM.read_layers`)."""
+        layers = self.model.read_layers(upto)
+        return [fuse_layer(layer) for layer in layers] if self.model.packed else layers
 
     @property
     def name(self) -> str:

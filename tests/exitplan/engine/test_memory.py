@@ -20,7 +20,7 @@ def rss():
     gc.collect()
     return psutil.Process().memory_info().rss
 
-candidate = Candidate(sys.argv[1], Path(sys.argv[2]), dtype=sys.argv[4])
+candidate = Candidate(sys.argv[1], Path(sys.argv[2]), dtype=sys.argv[4], pack_head=sys.argv[5] == "1")
 layers = int(sys.argv[3])
 warm, _ = ServedModel.open(candidate, 1, exits=[])  # imports, allocator arenas and the file cache
 del warm
@@ -31,12 +31,13 @@ for blocks in (served.pool.keys, served.pool.values):
     blocks.fill_(1.0)  # touch every page: the pool is allocated, not promised
 print(json.dumps({"grown": rss() - before, "accounted": served.weight_bytes() + served.pool.nbytes,
                   "held": served.model.held_layers, "weights": served.weight_bytes(),
-                  "kv_dtype": str(served.pool.keys.dtype)}))
+                  "kv_dtype": str(served.pool.keys.dtype), "head": served.model.model.lm_head.weight.nbytes}))
 """
 
 
-def probe(checkpoint_of, layers: int, dtype: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", PROBE, SMOLLM2, str(checkpoint_of(SMOLLM2)), str(layers), dtype],
+def probe(checkpoint_of, layers: int, dtype: str, pack_head: bool = True) -> dict:
+    out = subprocess.run([sys.executable, "-c", PROBE, SMOLLM2, str(checkpoint_of(SMOLLM2)), str(layers), dtype,
+                          str(int(pack_head))],
                          capture_output=True, text=True, check=True, env={"OMP_NUM_THREADS": "1", **_env()})
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -49,7 +50,19 @@ def test_accounted_weights_and_pool_match_the_process_memory(checkpoint_of, laye
 
 
 def test_bfloat16_weights_are_half_of_float32(checkpoint_of) -> None:
-    assert probe(checkpoint_of, 30, "bfloat16")["weights"] * 2 == probe(checkpoint_of, 30, "float32")["weights"]
+    half = probe(checkpoint_of, 30, "bfloat16", pack_head=False)["weights"]
+    assert half * 2 == probe(checkpoint_of, 30, "float32")["weights"]
+
+
+def test_a_packed_lm_head_is_accounted_as_one_more_copy_of_the_head(checkpoint_of) -> None:
+    import torch
+
+    from exitplan.earlyexit.packed import can_pack
+
+    packed = probe(checkpoint_of, 30, "bfloat16", pack_head=True)
+    plain = probe(checkpoint_of, 30, "bfloat16", pack_head=False)
+    copy = packed["head"] if can_pack(torch.bfloat16) else 0  # where packing does not gain, no copy is made
+    assert packed["weights"] == plain["weights"] + copy
 
 
 def _env() -> dict[str, str]:
