@@ -95,5 +95,11 @@ class KVPool:
         self.values[layer, slots] = values
 
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of layer slot ``layer`` at ``slots``, each ``n x kv_heads x head_dim``."""
-        return self.keys[layer, slots], self.values[layer, slots]
+        """Keys and values of layer slot ``layer`` at ``slots`` (any shape ``S``), each ``S x kv_heads x head_dim``.
+
+        Through ``index_select`` on the flattened slots: 9x faster than advanced indexing for a decode batch's
+        padded table (16 x 160 slots of 2 x 64 bfloat16: 37 us against 336 us here), the same values."""
+        flat = slots.reshape(-1)
+        shape = (*slots.shape, self.shape.kv_heads, self.shape.head_dim)
+        return (torch.index_select(self.keys[layer], 0, flat).view(shape),
+                torch.index_select(self.values[layer], 0, flat).view(shape))

@@ -33,7 +33,7 @@ from exitplan.config import HeliosParams
 from exitplan.earlyexit.confidence import confidence as confidence_of
 from exitplan.earlyexit.packed import module_bytes
 from exitplan.earlyexit.runner import Work
-from exitplan.engine.request import Request
+from exitplan.engine.request import Request, greedy_tokens
 from exitplan.engine.served import Candidate, ServedModel, num_layers
 from exitplan.engine.telemetry import Event, StepRecord, Telemetry
 from exitplan.errors import ExitplanError
@@ -250,9 +250,11 @@ class Engine:
         full = out_layer == self.served.num_layers
         tripped = False
         confidences = {e: confidence_of(v, self.config.confidence) for e, v in logits.items()}
+        served = confidences[out_layer].tolist()
+        greedy = greedy_tokens(logits[out_layer])
         for i, request in enumerate(batch):
-            token = request.sample(logits[out_layer][i])
-            conf = float(confidences[out_layer][i])
+            token = greedy[i] if request.temperature == 0 else request.sample(logits[out_layer][i])
+            conf = served[i]
             breach = not full and conf < self.config.threshold
             if profile is not None:
                 first = next((e for e in sorted(logits) if confidences[e][i] >= self.config.threshold), out_layer)
