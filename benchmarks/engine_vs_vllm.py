@@ -1,24 +1,28 @@
 """Our engine at full depth vs vLLM's CPU build: the same model, prompts, dtype (bfloat16) and one core each.
 
-One run, on this machine, one server at a time (nothing else running): vLLM (``python -m
-vllm.entrypoints.openai.api_server`` from ``.venv-vllm``, the command ``exitplan deploy`` renders for a CPU replica,
-pinned to one core) and our engine server (``python -m serving.server --mode full``, ``helios.dtype: bfloat16``,
-one torch thread on one core). Each gets the same real HumanEval prompts (code: answers run to the token limit)
-at concurrency 1, 8 and 16, whole answers of ``max_tokens`` tokens; throughput is the completion tokens
-(as each server's usage counts them) over the wall time of the level. Start-up (vLLM compiles its model for 1-2
+Both servers run at once, each pinned to its own core: vLLM (``python -m vllm.entrypoints.openai.api_server`` from
+``.venv-vllm``, the command ``exitplan deploy`` renders for a CPU replica) on core 0 and our engine server (``python
+-m serving.server --mode full``, ``helios.dtype: bfloat16``, one torch thread) on core 1. Each gets the same real
+HumanEval prompts (code: answers run to the token limit) at concurrency 1, 8 and 16, whole answers of
+``max_tokens`` tokens; throughput is the completion tokens (as each server's usage counts them) over the wall time
+of the level. The levels alternate between the servers, round after round, and each level's ratio is the median of
+the rounds' ratios: this machine's speed drifts by up to 2x within minutes (``benchmarks/machine_noise.py``), so
+one server measured after the other compares two machines. The idle server's CPU seconds during the other's levels
+are printed (an idle vLLM engine core must not poll the shared host). Start-up (vLLM compiles its model for 1-2
 minutes) is not timed.
 
-``--quick``: 32 tokens per answer, 2 / 8 / 16 requests per level (about 4 minutes with both start-ups); without it
-96 tokens and 4 / 16 / 32 requests. Model: Qwen2.5-Coder-0.5B-Instruct (``--model`` to change).
+``--quick``: 32 tokens per answer, 2 / 8 / 16 requests per level, 3 rounds (about 4 minutes with both start-ups);
+without it 96 tokens and 4 / 16 / 32 requests, 5 rounds. Model: Qwen2.5-Coder-0.5B-Instruct (``--model``).
 
-Last line: ``RESULT engine_vs_vllm_c1=... engine_vs_vllm_c16=... vllm_tok_s_c16=...`` (ratios: our tok/s over
-vLLM's; target >= 0.5 at 16, goal 1.0).
+Last line: ``RESULT engine_vs_vllm_c1=... engine_vs_vllm_c8=... engine_vs_vllm_c16=... vllm_tok_s_c16=...
+engine_tok_s_c16=...`` (ratios: our tok/s over vLLM's, medians over rounds; targets >= 1.0 at 1, >= 0.9 at 16).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -65,10 +69,44 @@ async def level(url: str, model: str, texts: list[str], tokens: int, concurrency
             "latency_s": sum(s for _, s in done) / len(done)}
 
 
-def measure(url: str, model: str, texts: list[str], tokens: int, counts: dict[int, int]) -> dict[int, dict]:
-    """Every concurrency level against one server (one warm-up request first)."""
-    asyncio.run(level(url, model, texts[:1], 4, 1))
-    return {c: asyncio.run(level(url, model, texts[:counts[c]], tokens, c)) for c in LEVELS}
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds used so far by process ``pid`` and its children (0 once it is gone)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def alternate(servers: dict[str, tuple[str, int]], model: str, texts: list[str], tokens: int,
+              counts: dict[int, int], rounds: int) -> tuple[dict[str, dict[int, list[dict]]], dict[str, float]]:
+    """Every level on every server, the servers alternating, ``rounds`` times (one warm-up request each first).
+
+    Returns:
+        Server -> level -> one result per round, and server -> its CPU seconds while the others ran.
+    """
+    for url, _ in servers.values():
+        asyncio.run(level(url, model, texts[:1], 4, 1))
+    results: dict[str, dict[int, list[dict]]] = {name: {c: [] for c in LEVELS} for name in servers}
+    idle = dict.fromkeys(servers, 0.0)
+    for _ in range(rounds):
+        for c in LEVELS:
+            for name, (url, _) in servers.items():
+                before = {other: tree_cpu_s(pid) for other, (_, pid) in servers.items() if other != name}
+                results[name][c].append(asyncio.run(level(url, model, texts[:counts[c]], tokens, c)))
+                for other, cpu in before.items():
+                    idle[other] += tree_cpu_s(servers[other][1]) - cpu
+    return results, idle
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -79,14 +117,11 @@ def stop(process: subprocess.Popen) -> None:
         process.kill()
 
 
-def run_vllm(params, model: str, texts: list[str], tokens: int, counts: dict[int, int], out: Path) -> dict:
+def start_vllm(params, model: str, core: int, out: Path) -> vllm_replica.Started:
     spec = replace(vllm_replica.cpu_replica(params, model, "127.0.0.1", free_port()), dtype="bfloat16")
-    started = vllm_replica.start(params, params.checkpoint_path(model), spec, [0], out / "vllm.log")
-    try:
-        vllm_replica.wait_ready(started, params.vllm.startup_timeout_s)
-        return measure(started.url, model, texts, tokens, counts)
-    finally:
-        vllm_replica.stop(started.process)
+    started = vllm_replica.start(params, params.checkpoint_path(model), spec, [core], out / "vllm.log")
+    vllm_replica.wait_ready(started, params.vllm.startup_timeout_s)
+    return started
 
 
 def engine_params(params, out: Path) -> Path:
@@ -102,38 +137,53 @@ def engine_params(params, out: Path) -> Path:
     return path
 
 
-def run_engine(params, model: str, texts: list[str], tokens: int, counts: dict[int, int], out: Path) -> dict:
+def start_engine(params, model: str, core: int, out: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(params.root), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    cmd = ["taskset", "-c", "0", sys.executable, "-m", "serving.server", "--model", model, "--port", str(port),
+    cmd = ["taskset", "-c", str(core), sys.executable, "-m", "serving.server", "--model", model, "--port", str(port),
            "--params", str(engine_params(params, out)), "--mode", "full", "--memory-gib",
            str(2 + params.vllm.kv_cache_gib), "--max-context", "1024", "--max-queue", "256"]
     process = subprocess.Popen(cmd, cwd=params.root, env=env, stdout=subprocess.DEVNULL)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, 600, process)
-        return measure(url, model, texts, tokens, counts)
-    finally:
-        stop(process)
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, 600, process)
+    return process, url
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
 
 
 def main() -> None:
     args, params = start(__doc__, {"--model": {"default": QWEN, "help": "Fetched model to serve on both."}})
-    tokens, counts = (32, {1: 2, 8: 8, 16: 16}) if args.quick else (96, {1: 4, 8: 16, 16: 32})
+    tokens, counts, rounds = (32, {1: 2, 8: 8, 16: 16}, 3) if args.quick else (96, {1: 4, 8: 16, 16: 32}, 5)
     texts = prompts(max(counts.values()))
     with tempfile.TemporaryDirectory(prefix="engine-vs-vllm-") as tmp:
-        vllm = run_vllm(params, args.model, texts, tokens, counts, Path(tmp))
-        ours = run_engine(params, args.model, texts, tokens, counts, Path(tmp))
-    print(f"{args.model}, bfloat16, one core each, {tokens} tokens per answer (HumanEval prompts)")
-    print(f"{'clients':>8}{'requests':>10}{'vLLM tok/s':>12}{'ours tok/s':>12}{'ours/vLLM':>11}"
+        vllm = start_vllm(params, args.model, 0, Path(tmp))
+        engine = None
+        try:
+            engine, url = start_engine(params, args.model, 1, Path(tmp))
+            servers = {"vllm": (vllm.url, vllm.process.pid), "ours": (url, engine.pid)}
+            results, idle = alternate(servers, args.model, texts, tokens, counts, rounds)
+        finally:
+            if engine is not None:
+                stop(engine)
+            vllm_replica.stop(vllm.process)
+    v, o = results["vllm"], results["ours"]
+    ratio = {c: median([b["tok_s"] / a["tok_s"] for a, b in zip(v[c], o[c], strict=True)]) for c in LEVELS}
+    tok_s = {name: {c: median([r["tok_s"] for r in runs[c]]) for c in LEVELS} for name, runs in results.items()}
+    print(f"{args.model}, bfloat16, one core each (vLLM core 0, ours core 1), {tokens} tokens per answer "
+          f"(HumanEval prompts), {rounds} alternating rounds; tok/s and latency: medians over rounds")
+    print(f"{'clients':>8}{'requests':>10}{'vLLM tok/s':>12}{'ours tok/s':>12}{'ours/vLLM':>11}{'per round':>22}"
           f"{'vLLM lat s':>12}{'ours lat s':>12}")
     for c in LEVELS:
-        print(f"{c:>8}{counts[c]:>10}{vllm[c]['tok_s']:>12.1f}{ours[c]['tok_s']:>12.1f}"
-              f"{ours[c]['tok_s'] / vllm[c]['tok_s']:>11.2f}{vllm[c]['latency_s']:>12.2f}{ours[c]['latency_s']:>12.2f}")
-    print(f"RESULT engine_vs_vllm_c1={ours[1]['tok_s'] / vllm[1]['tok_s']:.2f} "
-          f"engine_vs_vllm_c8={ours[8]['tok_s'] / vllm[8]['tok_s']:.2f} "
-          f"engine_vs_vllm_c16={ours[16]['tok_s'] / vllm[16]['tok_s']:.2f} vllm_tok_s_c16={vllm[16]['tok_s']:.1f} "
-          f"engine_tok_s_c16={ours[16]['tok_s']:.1f}")
+        rounds_text = " ".join(f"{b['tok_s'] / a['tok_s']:.2f}" for a, b in zip(v[c], o[c], strict=True))
+        print(f"{c:>8}{counts[c]:>10}{tok_s['vllm'][c]:>12.1f}{tok_s['ours'][c]:>12.1f}{ratio[c]:>11.2f}"
+              f"{rounds_text:>22}{median([r['latency_s'] for r in v[c]]):>12.2f}"
+              f"{median([r['latency_s'] for r in o[c]]):>12.2f}")
+    print(f"CPU seconds of the idle server while the other ran: vLLM {idle['vllm']:.1f}, ours {idle['ours']:.1f}")
+    print(f"RESULT engine_vs_vllm_c1={ratio[1]:.2f} engine_vs_vllm_c8={ratio[8]:.2f} "
+          f"engine_vs_vllm_c16={ratio[16]:.2f} vllm_tok_s_c16={tok_s['vllm'][16]:.1f} "
+          f"engine_tok_s_c16={tok_s['ours'][16]:.1f}")
 
 
 if __name__ == "__main__":

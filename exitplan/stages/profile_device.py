@@ -27,19 +27,21 @@ def catalog_model(params: Params, name: str) -> Any:
 
 
 def main(params: Params) -> dict[str, Any]:
-    """Time every model of ``profile_device.models`` as the engine serves it (``helios.dtype``, packed where that
-    gains); fit the device; write the points, the entry and metrics."""
+    """Time every model of ``profile_device.models`` as the engine serves it (``helios.dtype``, in the serving form
+    where packing gains: :func:`~exitplan.earlyexit.fused.for_serving`); fit the device; write the points, the entry
+    and metrics."""
     import psutil
 
     from exitplan.catalog import load_catalog
-    from exitplan.earlyexit.partial_model import EarlyExitLM
+    from exitplan.earlyexit.fused import for_serving
     from exitplan.profiling.device import measure
 
     section = params.profile_device
     started = time.perf_counter()
     rows = []
     for name in section.models:
-        model = EarlyExitLM.for_inference(params.checkpoint_path(name), dtype=torch_dtype(params.helios.dtype))
+        model = for_serving(params.checkpoint_path(name), dtype=torch_dtype(params.helios.dtype),
+                            pack_head=params.helios.pack_lm_head)
         depths = sorted({model.num_layers, *([max(1, round(model.num_layers * section.partial_depth))]
                                              if section.partial_depth else [])})
         for row in measure(model, section.batch_sizes, section.contexts, section.prefill_lengths, section.repeats,
