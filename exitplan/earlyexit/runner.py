@@ -105,7 +105,7 @@ class Pass:
             for a pure decode pass.
         padded: Pure decode (one new token per work): the context slots padded to the longest (``B x C``; padding
             repeats the sequence's first slot, always written, so masked reads stay finite), else ``None``.
-        valid: Pure decode: which padded slots are the context (``B x 1 x 1 x C``).
+        valid: Pure decode: which padded slots are the context (``B x C``).
     """
 
     positions: torch.Tensor
@@ -134,6 +134,21 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         scores.masked_fill_(~(mask[:, :, None] if mask.dim() == 4 else mask), float("-inf"))
     probs = scores.softmax(-1).to(v.dtype).view(b, kv, heads // kv * length, -1)
     return torch.matmul(probs, v).view(b, heads, length, hd)
+
+
+def attend_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor,
+                  scale: float) -> torch.Tensor:
+    """Grouped-query attention of one new token per sequence: ``q`` ``B x H x hd`` over ``k``/``v``
+    ``KV x B x C x hd`` as :meth:`KVPool.read` returns a padded table, ``valid`` (true = context) ``B x C``; returns
+    ``B x H*hd``. The matmuls batch over ``KV x B`` (query head ``h`` reads KV head ``h // (H / KV)``), so the
+    context is never copied; scores and softmax float32 as in :func:`attend`, whose results it equals."""
+    b, heads, hd = q.shape
+    kv = k.shape[0]
+    grouped = q.view(b, kv, heads // kv, hd).transpose(0, 1)
+    scores = torch.matmul(grouped, k.transpose(-1, -2)).float().mul_(scale)
+    scores.masked_fill_(~valid[None, :, None, :], float("-inf"))
+    probs = scores.softmax(-1).to(v.dtype)
+    return torch.matmul(probs, v).permute(1, 0, 2, 3).reshape(b, heads * hd)
 
 
 class PagedRunner:
@@ -174,7 +189,7 @@ class PagedRunner:
             width = max(len(t) for t in tables)
             padded = torch.stack([F.pad(t, (0, width - len(t)), value=int(t[0])) for t in tables])
             valid = torch.arange(width)[None, :] < torch.as_tensor([len(t) for t in tables])[:, None]
-            return Pass(positions, rows, rope, write, tables, [], padded, valid[:, None, None, :])
+            return Pass(positions, rows, rope, write, tables, [], padded, valid)
         masks = []
         for table, r in zip(tables, rows, strict=True):
             mine = positions[r]
@@ -201,15 +216,14 @@ class PagedRunner:
         q, k = apply_rotary_pos_emb(q, k, *step.rope)
         q, k = q[0].transpose(0, 1), k[0].transpose(0, 1)  # n x heads x hd
         self.pool.write(slot, step.write, k, v)  # every new token first, so a sequence's new tokens see each other
-        if step.padded is not None:
-            keys, values = self.pool.read(slot, step.padded)  # B x C x kv_heads x hd
-            out = attend(q[:, :, None], keys.transpose(1, 2), values.transpose(1, 2), step.valid, attn.scaling)
-            return attn.o_proj(out.reshape(n, -1))
+        if step.padded is not None and step.valid is not None:
+            keys, values = self.pool.read(slot, step.padded)  # kv_heads x B x C x hd
+            return attn.o_proj(attend_decode(q, keys, values, step.valid, attn.scaling))
         out = torch.empty_like(q)
         for index, table, mask in zip(step.rows, step.tables, step.masks, strict=True):
-            keys, values = self.pool.read(slot, table)
-            out[index] = attend(q[index].transpose(0, 1)[None], keys.transpose(0, 1)[None],
-                                values.transpose(0, 1)[None], mask, attn.scaling)[0].transpose(0, 1)
+            keys, values = self.pool.read(slot, table)  # kv_heads x C x hd
+            out[index] = attend(q[index].transpose(0, 1)[None], keys[None], values[None], mask,
+                                attn.scaling)[0].transpose(0, 1)
         return attn.o_proj(out.reshape(n, -1))
 
     # --- whole passes ----------------------------------------------------------------------------------------------

@@ -360,8 +360,7 @@ class Engine:
         old = self.served.pool
         need = sum(old.blocks_for(r.reserved_tokens) for r in self.running)
         saved = {r.request_id: (old.slots(r.blocks, 0, r.cached), r.cached) for r in self.running}
-        keys, values = {k: old.keys[:, s] for k, (s, _) in saved.items()}, {k: old.values[:, s] for k, (s, _) in
-                                                                         saved.items()}
+        kept = {k: old.gather(s) for k, (s, _) in saved.items()}
         self.served.drop_pool()
         del old
         pool = self.served.build_pool(self._kv_bytes(self.served), self.config.block_size, max_blocks=max(need, 1))
@@ -369,8 +368,7 @@ class Engine:
             request.blocks = pool.allocate(pool.blocks_for(request.reserved_tokens))
             _, cached = saved[request.request_id]
             new = pool.slots(request.blocks, 0, cached)
-            pool.keys[:, new] = keys[request.request_id]
-            pool.values[:, new] = values[request.request_id]
+            pool.scatter(new, *kept[request.request_id])
 
     # --- breach counter tripped: load or switch ---------------------------------------------------------------------
     def _react(self) -> None:

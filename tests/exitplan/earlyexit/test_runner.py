@@ -85,3 +85,35 @@ def test_pool_blocks_are_handed_out_and_back() -> None:
     assert pool.free_blocks == 1
     pool.release(a)
     assert pool.free_blocks == 4 and pool.blocks_for(33) == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_attention_over_a_padded_table_equals_the_general_attention(dtype: torch.dtype) -> None:
+    from exitplan.earlyexit.runner import attend, attend_decode
+
+    torch.manual_seed(0)
+    batch, heads, kv, width, hd = 3, 6, 2, 9, 8
+    q = torch.randn(batch, heads, hd, dtype=dtype)
+    k, v = torch.randn(kv, batch, width, hd, dtype=dtype), torch.randn(kv, batch, width, hd, dtype=dtype)
+    valid = torch.arange(width)[None, :] < torch.tensor([9, 4, 1])[:, None]  # padded to the longest context
+    expected = attend(q[:, :, None], k.transpose(0, 1), v.transpose(0, 1), valid[:, None, None, :], hd ** -0.5)
+    got = attend_decode(q, k, v, valid, hd ** -0.5)
+    assert got.shape == (batch, heads * hd)
+    assert torch.equal(got, expected.reshape(batch, -1))
+
+
+def test_pool_reads_what_was_written_and_moves_it_to_another_pool() -> None:
+    from exitplan.earlyexit.kv_pool import KVShape
+
+    torch.manual_seed(0)
+    shape = KVShape(2, 4)
+    pool = KVPool(shape, layers=2, num_blocks=3, block_size=4)
+    slots = torch.tensor([5, 0, 11])
+    keys, values = torch.randn(3, 2, 4), torch.randn(3, 2, 4)
+    pool.write(1, slots, keys, values)
+    read_k, read_v = pool.read(1, slots[None].expand(2, -1))  # a 2 x 3 table
+    assert read_k.shape == (2, 2, 3, 4)  # kv_heads x table x head_dim
+    assert torch.equal(read_k[:, 1], keys.transpose(0, 1)) and torch.equal(read_v[:, 0], values.transpose(0, 1))
+    other = KVPool(shape, layers=2, num_blocks=3, block_size=4)
+    other.scatter(torch.tensor([1, 2, 3]), *pool.gather(slots))
+    assert torch.equal(other.read(1, torch.tensor([1, 2, 3]))[0], keys.transpose(0, 1))
