@@ -1,23 +1,23 @@
 """Our engine at full depth vs vLLM's CPU build: the same model, prompts, dtype (bfloat16) and one core each.
 
-Both servers run at once, each pinned to its own core: vLLM (``python -m vllm.entrypoints.openai.api_server`` from
-``.venv-vllm``, the command ``exitplan deploy`` renders for a CPU replica) on core 0 and our engine server (``python
--m serving.server --mode full``, ``helios.dtype: bfloat16``, one torch thread) on core 1. Each gets the same real
-HumanEval prompts (code: answers run to the token limit) at concurrency 1, 8 and 16, whole answers of
-``max_tokens`` tokens; throughput is the completion tokens (as each server's usage counts them) over the wall time
-of the level. The levels alternate between the servers, round after round, and each level's ratio is the median of
-the rounds' ratios: this machine's speed drifts by up to 2x within minutes (``benchmarks/machine_noise.py``), so
-one server measured after the other compares two machines. The idle server's CPU seconds during the other's levels
-are printed (an idle vLLM engine core must not poll the shared host). Start-up (vLLM compiles its model for 1-2
-minutes) is not timed.
+Both servers run at once, each pinned to a core of its own: vLLM (``python -m vllm.entrypoints.openai.api_server``
+from ``.venv-vllm``, the command ``exitplan deploy`` renders for a CPU replica) and our engine server (``python -m
+serving.server --mode full``, ``helios.dtype: bfloat16``, one torch thread). Each gets the same real HumanEval
+prompts (code: answers run to the token limit) at concurrency 1, 8 and 16, whole answers of ``max_tokens`` tokens;
+throughput is the completion tokens (as each server's usage counts them) over the wall time of the level. This
+machine's speed drifts by up to 2x within minutes (``benchmarks/machine_noise.py``) and its two cores need not run
+alike, so the levels alternate between the servers and the servers swap cores every round; a level's ratio is the
+geometric mean of its rounds' ratios (an even number of rounds: each server as long on each core). Every (round,
+level) sends its own prompts (:func:`slices`): vLLM's prefix cache must not answer a prompt it has already
+prefilled. The idle server's CPU seconds during the other's levels, and vLLM's prefix-cache hits, are printed.
+Start-up (vLLM compiles its model for 1-2 minutes) is not timed.
 
-Every (round, level) sends its own prompts (:func:`slices`): vLLM's prefix cache must not answer a prompt it has
-already prefilled. ``--quick``: 32 tokens per answer, 2 / 8 / 16 requests per level (the 79 shortest prompts), 3
-rounds (about 5 minutes with both start-ups); without it 96 tokens and 4 / 16 / 32 requests (157 of HumanEval's 164),
-3 rounds. Model: Qwen2.5-Coder-0.5B-Instruct (``--model``).
+``--quick``: 32 tokens per answer, 2 / 8 / 16 requests per level, 4 rounds (the 105 shortest prompts; about 6
+minutes with both start-ups); without it 96 tokens and 4 / 16 / 32 requests, 2 rounds (105 prompts). Model:
+Qwen2.5-Coder-0.5B-Instruct (``--model``).
 
 Last line: ``RESULT engine_vs_vllm_c1=... engine_vs_vllm_c8=... engine_vs_vllm_c16=... vllm_tok_s_c16=...
-engine_tok_s_c16=...`` (ratios: our tok/s over vLLM's, medians over rounds; targets >= 1.0 at 1, >= 0.9 at 16).
+engine_tok_s_c16=...`` (ratios: our tok/s over vLLM's; targets >= 1.0 at 1, >= 0.9 at 16).
 """
 
 from __future__ import annotations
@@ -109,9 +109,23 @@ def tree_cpu_s(pid: int) -> float:
     return total
 
 
+def pin(pid: int, core: int) -> None:
+    """Move every thread of process ``pid`` and of its children to ``core``."""
+    import psutil
+
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        for task in Path(f"/proc/{proc.pid}/task").iterdir():
+            try:
+                os.sched_setaffinity(int(task.name), {core})
+            except (ProcessLookupError, FileNotFoundError):
+                continue  # a thread that ended meanwhile
+
+
 def alternate(servers: dict[str, tuple[str, int]], model: str, texts: list[str], tokens: int,
               counts: dict[int, int], rounds: int) -> tuple[dict[str, dict[int, list[dict]]], dict[str, float]]:
-    """Every level on every server, the servers alternating, ``rounds`` times (one warm-up request each first).
+    """Every level on every server, the servers alternating, ``rounds`` times (one warm-up request each first);
+    the servers swap cores every round (round ``r``: server ``i`` on core ``(i + r) % 2``).
 
     Returns:
         Server -> level -> one result per round, and server -> its CPU seconds while the others ran.
@@ -122,6 +136,8 @@ def alternate(servers: dict[str, tuple[str, int]], model: str, texts: list[str],
     results: dict[str, dict[int, list[dict]]] = {name: {c: [] for c in LEVELS} for name in servers}
     idle = dict.fromkeys(servers, 0.0)
     for r in range(rounds):
+        for i, (_, pid) in enumerate(servers.values()):
+            pin(pid, (i + r) % 2)
         for c in LEVELS:
             for name, (url, _) in servers.items():
                 before = {other: tree_cpu_s(pid) for other, (_, pid) in servers.items() if other != name}
@@ -187,10 +203,14 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def geometric_mean(values: list[float]) -> float:
+    return statistics.geometric_mean(values)
+
+
 def main() -> None:
     args, params = start(__doc__, {"--model": {"default": QWEN, "help": "Fetched model to serve on both."}})
     tokens, counts = (32, {1: 2, 8: 8, 16: 16}) if args.quick else (96, {1: 4, 8: 16, 16: 32})
-    rounds = 3
+    rounds = 4 if args.quick else 2
     texts = prompts(sum(counts.values()) * rounds + 1)
     with tempfile.TemporaryDirectory(prefix="engine-vs-vllm-") as tmp:
         vllm = start_vllm(params, args.model, 0, Path(tmp))
@@ -206,10 +226,11 @@ def main() -> None:
                 stop(engine)
             vllm_replica.stop(vllm.process)
     v, o = results["vllm"], results["ours"]
-    ratio = {c: median([b["tok_s"] / a["tok_s"] for a, b in zip(v[c], o[c], strict=True)]) for c in LEVELS}
+    ratio = {c: geometric_mean([b["tok_s"] / a["tok_s"] for a, b in zip(v[c], o[c], strict=True)]) for c in LEVELS}
     tok_s = {name: {c: median([r["tok_s"] for r in runs[c]]) for c in LEVELS} for name, runs in results.items()}
-    print(f"{args.model}, bfloat16, one core each (vLLM core 0, ours core 1), {tokens} tokens per answer "
-          f"(HumanEval prompts), {rounds} alternating rounds; tok/s and latency: medians over rounds")
+    print(f"{args.model}, bfloat16, one core each (swapped every round, vLLM on core 0 first), {tokens} tokens per "
+          f"answer (HumanEval prompts), {rounds} alternating rounds; ratio: geometric mean of the rounds'; tok/s and "
+          f"latency: medians")
     print(f"{'clients':>8}{'requests':>10}{'vLLM tok/s':>12}{'ours tok/s':>12}{'ours/vLLM':>11}{'per round':>22}"
           f"{'vLLM lat s':>12}{'ours lat s':>12}")
     for c in LEVELS:
