@@ -23,6 +23,7 @@ engine_tok_s_c16=...`` (ratios: our tok/s over vLLM's; targets >= 1.0 at 1, >= 0
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
@@ -37,6 +38,7 @@ import yaml
 from common import free_port, start
 
 from exitplan.deploy import wait_healthy
+from exitplan.infra.processes import family
 from exitplan.vllm import replica as vllm_replica
 
 LEVELS = (1, 8, 16)
@@ -94,32 +96,20 @@ def tree_cpu_s(pid: int) -> float:
     """CPU seconds used so far by process ``pid`` and its children (0 once it is gone)."""
     import psutil
 
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0.0
     total = 0.0
-    for proc in procs:
-        try:
+    for proc in family(pid):
+        with contextlib.suppress(psutil.NoSuchProcess):
             times = proc.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system
+            total += times.user + times.system
     return total
 
 
 def pin(pid: int, core: int) -> None:
     """Move every thread of process ``pid`` and of its children to ``core``."""
-    import psutil
-
-    root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
+    for proc in family(pid):
         for task in Path(f"/proc/{proc.pid}/task").iterdir():
-            try:
+            with contextlib.suppress(ProcessLookupError, FileNotFoundError):  # a thread that ended meanwhile
                 os.sched_setaffinity(int(task.name), {core})
-            except (ProcessLookupError, FileNotFoundError):
-                continue  # a thread that ended meanwhile
 
 
 def alternate(servers: dict[str, tuple[str, int]], model: str, texts: list[str], tokens: int,
@@ -199,14 +189,6 @@ def prefix_cache(url: str) -> tuple[float, float]:
     return total("prefix_cache_queries"), total("prefix_cache_hits")
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
-def geometric_mean(values: list[float]) -> float:
-    return statistics.geometric_mean(values)
-
-
 def main() -> None:
     args, params = start(__doc__, {"--model": {"default": QWEN, "help": "Fetched model to serve on both."}})
     tokens, counts = (32, {1: 2, 8: 8, 16: 16}) if args.quick else (96, {1: 4, 8: 16, 16: 32})
@@ -226,8 +208,10 @@ def main() -> None:
                 stop(engine)
             vllm_replica.stop(vllm.process)
     v, o = results["vllm"], results["ours"]
-    ratio = {c: geometric_mean([b["tok_s"] / a["tok_s"] for a, b in zip(v[c], o[c], strict=True)]) for c in LEVELS}
-    tok_s = {name: {c: median([r["tok_s"] for r in runs[c]]) for c in LEVELS} for name, runs in results.items()}
+    ratio = {c: statistics.geometric_mean([b["tok_s"] / a["tok_s"] for a, b in zip(v[c], o[c], strict=True)])
+             for c in LEVELS}
+    tok_s = {name: {c: statistics.median([r["tok_s"] for r in runs[c]]) for c in LEVELS}
+             for name, runs in results.items()}
     print(f"{args.model}, bfloat16, one core each (swapped every round, vLLM on core 0 first), {tokens} tokens per "
           f"answer (HumanEval prompts), {rounds} alternating rounds; ratio: geometric mean of the rounds'; tok/s and "
           f"latency: medians")
@@ -236,8 +220,8 @@ def main() -> None:
     for c in LEVELS:
         rounds_text = " ".join(f"{b['tok_s'] / a['tok_s']:.2f}" for a, b in zip(v[c], o[c], strict=True))
         print(f"{c:>8}{counts[c]:>10}{tok_s['vllm'][c]:>12.1f}{tok_s['ours'][c]:>12.1f}{ratio[c]:>11.2f}"
-              f"{rounds_text:>22}{median([r['latency_s'] for r in v[c]]):>12.2f}"
-              f"{median([r['latency_s'] for r in o[c]]):>12.2f}")
+              f"{rounds_text:>22}{statistics.median([r['latency_s'] for r in v[c]]):>12.2f}"
+              f"{statistics.median([r['latency_s'] for r in o[c]]):>12.2f}")
     print(f"CPU seconds of the idle server while the other ran: vLLM {idle['vllm']:.1f}, ours {idle['ours']:.1f}; "
           f"vLLM's prefix cache hit {hit:.0f} of {queried:.0f} prompt tokens ({hit / max(queried, 1):.1%}; "
           f"our engine has no prefix cache)")

@@ -251,7 +251,7 @@ class Engine:
         tripped = False
         confidences = {e: confidence_of(v, self.config.confidence) for e, v in logits.items()}
         served = confidences[out_layer].tolist()
-        greedy = greedy_tokens(logits[out_layer])
+        greedy = greedy_tokens(logits[out_layer]) if any(r.temperature == 0 for r in batch) else []
         for i, request in enumerate(batch):
             token = greedy[i] if request.temperature == 0 else request.sample(logits[out_layer][i])
             conf = served[i]

@@ -98,7 +98,7 @@ class Request:
     def sample(self, logits: torch.Tensor) -> int:
         """Next token from ``vocab`` logits: argmax, or a draw at the request's temperature."""
         if self.temperature == 0:
-            return int(logits.argmax())
+            return greedy_tokens(logits[None])[0]
         probs = torch.softmax(logits.float() / self.temperature, dim=-1)
         return int(torch.multinomial(probs, 1, generator=self._generator))
 

@@ -63,6 +63,17 @@ def start(state: Path, name: str, argv: Sequence[str], env: Mapping[str, str], c
     return process.pid
 
 
+def family(pid: int) -> list:
+    """Process ``pid`` and every process it started (``psutil.Process`` objects; none once it is gone)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
 def stop(state: Path, name: str) -> bool:
     """Stop service ``name`` and every process it started (SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`).
 
@@ -74,14 +85,10 @@ def stop(state: Path, name: str) -> bool:
     pid = running_pid(state, name)
     if pid is None:
         return False
-    try:
-        root = psutil.Process(pid)
-        family = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        family = []
-    for process in family:
+    members = family(pid)
+    for process in members:
         _signal(process, signal.SIGTERM)
-    _, left = psutil.wait_procs(family, timeout=STOP_GRACE_S)
+    _, left = psutil.wait_procs(members, timeout=STOP_GRACE_S)
     for process in left:
         _signal(process, signal.SIGKILL)
     psutil.wait_procs(left, timeout=5)
