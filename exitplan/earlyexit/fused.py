@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from exitplan.earlyexit.native import kernels
 from exitplan.earlyexit.packed import PackedLinear, can_pack
 from exitplan.earlyexit.partial_model import EarlyExitLM
 
@@ -68,11 +69,13 @@ def kv_heads(model: EarlyExitLM) -> int:
 
 
 def for_serving(path: str | Path, layers: int | None = None, dtype: torch.dtype = torch.float32,
-                pack_head: bool = True) -> EarlyExitLM:
+                pack_head: bool = True, native: bool = True) -> EarlyExitLM:
     """The first ``layers`` layers of the checkpoint at ``path`` in serving form where ``dtype`` gains from packing
-    (:func:`~exitplan.earlyexit.packed.can_pack`): fused packed projections and, with ``pack_head``, a packed LM
-    head copy; elsewhere as loaded (float32 runs through torch's own matmuls). Layers attached later to a packed
-    model must be fused first (:func:`fuse_layer`); exit heads are packed as usual (``model.packed``)."""
+    (:func:`~exitplan.earlyexit.packed.can_pack`): fused packed projections, with ``pack_head`` a packed LM head
+    copy, and with ``native`` the C++ decode kernels for the runner (``model.kernels``, bfloat16 only:
+    :mod:`~exitplan.earlyexit.native`); elsewhere as loaded (float32 runs through torch's own matmuls). Layers
+    attached later to a packed model must be fused first (:func:`fuse_layer`); exit heads are packed as usual
+    (``model.packed``)."""
     model = EarlyExitLM.from_pretrained(path, layers, dtype)
     if not can_pack(dtype):
         return model
@@ -81,4 +84,6 @@ def for_serving(path: str | Path, layers: int | None = None, dtype: torch.dtype 
     model.packed = True
     if pack_head and model.model.lm_head.bias is None:
         model.vocab = PackedLinear(model.model.lm_head)
+    if native and dtype == torch.bfloat16:
+        model.kernels = kernels()
     return model

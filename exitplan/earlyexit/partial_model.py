@@ -77,6 +77,7 @@ class EarlyExitLM(nn.Module):
         self.exit_heads = nn.ModuleDict()
         self.packed = False
         self.vocab: nn.Module | None = None
+        self.kernels: Any = None  # the C++ decode kernels the runner uses, set by fused.for_serving (native.py)
 
     # --- construction ------------------------------------------------------------------------------------------
     @classmethod

@@ -18,7 +18,8 @@ def candidates(params: Params, models: Sequence[str]) -> list[Candidate]:
     """Served candidates for ``models``: their checkpoints and, when ``train_exits`` made them, exit heads."""
     exits = params.path(params.train_exits.output_dir)
     return [Candidate(m, params.checkpoint_path(m), exits / m if m in params.train_exits.models else None,
-                      params.helios.head_kind, local_dtype(params.helios.dtype), params.helios.pack_lm_head)
+                      params.helios.head_kind, local_dtype(params.helios.dtype), params.helios.pack_lm_head,
+                      params.helios.native_kernels)
             for m in models]
 
 

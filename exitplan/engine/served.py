@@ -29,6 +29,7 @@ class Candidate:
         head_kind: Exit-head kind to use.
         dtype: Element type of its weights, heads and KV cache (``float32`` or ``bfloat16``).
         pack_head: Hold a packed copy of the LM head where packing gains (``helios.pack_lm_head``).
+        native: Run the C++ decode kernels where they apply (``helios.native_kernels``).
     """
 
     name: str
@@ -37,6 +38,7 @@ class Candidate:
     head_kind: HeadKind = "block"
     dtype: str = "float32"
     pack_head: bool = True
+    native: bool = True
 
 
 @cache
@@ -78,7 +80,8 @@ class ServedModel:
         started = time.perf_counter()
         import torch
 
-        model = for_serving(candidate.checkpoint, layers, getattr(torch, candidate.dtype), candidate.pack_head)
+        model = for_serving(candidate.checkpoint, layers, getattr(torch, candidate.dtype), candidate.pack_head,
+                            candidate.native)
         heads: dict[int, nn.Module] = {}
         if candidate.exits_dir is not None:
             _, available = read_heads(model, candidate.exits_dir, candidate.head_kind)

@@ -41,7 +41,7 @@ def main(params: Params) -> dict[str, Any]:
     rows = []
     for name in section.models:
         model = for_serving(params.checkpoint_path(name), dtype=torch_dtype(params.helios.dtype),
-                            pack_head=params.helios.pack_lm_head)
+                            pack_head=params.helios.pack_lm_head, native=params.helios.native_kernels)
         depths = sorted({model.num_layers, *([max(1, round(model.num_layers * section.partial_depth))]
                                              if section.partial_depth else [])})
         for row in measure(model, section.batch_sizes, section.contexts, section.prefill_lengths, section.repeats,
