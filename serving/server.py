@@ -39,6 +39,8 @@ def build(params: Params, model: str, max_context: int, max_queue: int, request_
           api_key: str | None, telemetry: Path | None, memory_gib: float | None = None, mode: str | None = None,
           served_name: str | None = None):
     """The app serving ``model`` as params say (not yet started)."""
+    from dataclasses import replace
+
     from exitplan.engine.factory import GIB, candidates, engine_config
     from exitplan.profiling.pht import PerformanceHistoryTable
     from serving.api import ServerSettings
@@ -49,6 +51,8 @@ def build(params: Params, model: str, max_context: int, max_queue: int, request_
     pht = PerformanceHistoryTable(params.path(params.helios.pht_path))
     pht.path = None  # the PHT is a pipeline output: read here, never written
     overrides = {"mode": mode or ("helios" if helios else "full")}
+    if overrides["mode"] == "full":  # full depth reads no exit heads: it serves before train_exits has run
+        candidate = replace(candidate, exits_dir=None)
     if memory_gib is not None:
         overrides["memory_budget_bytes"] = int(memory_gib * GIB)
     settings = ServerSettings(served_name or model, max_context, request_timeout_s, api_key,
@@ -58,6 +62,7 @@ def build(params: Params, model: str, max_context: int, max_queue: int, request_
 
 def main() -> None:
     """Parse arguments, build the app, serve it until SIGTERM (draining first)."""
+    from exitplan.runtime import preload_tcmalloc
     from serving.guard import read_api_key
     from serving.lifecycle import serve_forever
     from serving.process import COUNT, PORT, POSITIVE, arguments, fail, number
@@ -79,6 +84,7 @@ def main() -> None:
     try:
         args = arguments(parser)
         params = load_params(args.params)
+        preload_tcmalloc(params, "serve")  # re-executes with tcmalloc first, before any work (exitplan.runtime)
         d = params.deploy
         app = build(params, args.model, args.max_context or d.max_context, args.max_queue or d.max_queue,
                     args.request_timeout or d.request_timeout_s, read_api_key(d.api_key_env, args.api_key_file),

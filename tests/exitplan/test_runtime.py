@@ -64,6 +64,8 @@ def test_a_model_stage_re_executes_itself_once_with_tcmalloc(params_file: Path, 
     runtime.preload_tcmalloc(params.model_copy(update={"runtime": params.runtime.model_copy(
         update={"preload_tcmalloc": False})}), "gate")
     assert len(calls) == 1
+    runtime.preload_tcmalloc(params, "serve")  # the engine server too (serving.server)
+    assert len(calls) == 2 and calls[1][2]["LD_PRELOAD"] == str(library)
 
 
 def test_the_flow_can_give_a_stage_fewer_threads_and_a_bad_count_is_named(

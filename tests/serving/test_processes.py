@@ -63,3 +63,19 @@ def test_a_bad_fleet_file_is_one_line_and_exit_2(tmp_path: Path, content: bytes 
     result = _run("serving.coordinator_server", "--fleet", str(fleet))
     assert result.returncode == 2 and str(fleet) in result.stderr and "Traceback" not in result.stderr
     assert "exitplan deploy" in result.stderr
+
+
+def test_full_mode_serves_a_helios_candidate_without_its_exit_heads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--mode full`` reads no exit heads, so it serves before train_exits has run (the engine benchmark does)."""
+    from exitplan.config import Params, load_params
+    from serving import server
+
+    params = load_params(REPO_ROOT / "params.yaml")
+    model = params.helios.candidates[0]
+    monkeypatch.setattr(Params, "fetched", lambda self, name: None)
+    built: dict = {}
+    monkeypatch.setattr(server, "make_app", lambda candidate, config, *rest: built.update(c=candidate, m=config.mode))
+    server.build(params, model, 512, 8, 60.0, None, None, mode="full")
+    assert built["m"] == "full" and built["c"].exits_dir is None
+    server.build(params, model, 512, 8, 60.0, None, None)  # by default a candidate serves HELIOS, with its heads
+    assert built["m"] == "helios" and built["c"].exits_dir is not None
