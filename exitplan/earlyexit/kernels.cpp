@@ -288,11 +288,54 @@ void softmax_bf(float* p, int64_t len) {
 
 }  // namespace
 
+namespace {
+
+// One sequence's attention for the query heads of KV head g: C = head_dim / 16 (a compile-time constant, so a
+// head's accumulators stay in registers). kf/vf: scratch for the context's keys and values as floats.
+template <int C>
+void attend_group(const uint16_t* qs, const uint16_t* kb, const uint16_t* vb, const int64_t* slot, int64_t len,
+                  int64_t group, float scale, float* scores, v16f* kf, v16f* vf, uint16_t* out) {
+  const int64_t hd = C * W, padded = (len + W - 1) / W * W;
+  for (int64_t j = 0; j < len; ++j)
+    for (int c = 0; c < C; ++c) {
+      kf[j * C + c] = load(kb + slot[j] * hd + c * W);
+      vf[j * C + c] = load(vb + slot[j] * hd + c * W);
+    }
+  v16f dots[W];
+  for (int64_t h = 0; h < group; ++h) {
+    v16f q[C];
+    for (int c = 0; c < C; ++c) q[c] = load(qs + h * hd + c * W);
+    float* p = scores + h * padded;
+    for (int64_t j0 = 0; j0 < len; j0 += W) {  // sixteen positions' scores at a time
+      const int64_t n = std::min<int64_t>(W, len - j0);
+      for (int i = 0; i < W; ++i) {
+        const int64_t at = BITREV[i];
+        v16f dot{};
+        if (at < n)
+          for (int c = 0; c < C; ++c) dot += q[c] * kf[(j0 + at) * C + c];
+        dots[i] = dot;
+      }
+      v16f r = round_bf(reduce16(dots)) * scale;
+      std::memcpy(p + j0, &r, sizeof r);
+    }
+    softmax_bf(p, len);
+    v16f acc[C] = {};
+    for (int64_t j = 0; j < len; ++j) {
+      const float w = p[j];
+      for (int c = 0; c < C; ++c) acc[c] += w * vf[j * C + c];
+    }
+    for (int c = 0; c < C; ++c) store(out + h * hd + c * W, acc[c]);
+  }
+}
+
+}  // namespace
+
 // Attention of one new token per sequence over its cached context, read in place from a head-major pool layer
 // (KV x slots x hd): queries are the first H heads of qkv's rows (B x ...), table B x C the context's slots (only
 // the first lengths[b] of row b are read). Scores are rounded to bfloat16 before the float32 scale and softmax, the
-// probabilities after it, as the torch path's bfloat16 matmuls do. The query heads of a KV head share each key and
-// value row loaded; scores are summed sixteen positions at a time (reduce16). Returns B x H hd.
+// probabilities after it, as the torch path's bfloat16 matmuls do. Each key and value row is read once for the
+// query heads that share it (grouped-query attention); scores are summed sixteen positions at a time (reduce16).
+// Returns B x H hd.
 torch::Tensor decode_attention(torch::Tensor qkv, torch::Tensor keys, torch::Tensor values, torch::Tensor table,
                                torch::Tensor lengths, int64_t heads, double scale) {
   check(qkv, "qkv");
@@ -301,55 +344,34 @@ torch::Tensor decode_attention(torch::Tensor qkv, torch::Tensor keys, torch::Ten
   TORCH_CHECK(table.scalar_type() == at::kLong && table.is_contiguous(), "table must be contiguous int64");
   TORCH_CHECK(lengths.scalar_type() == at::kLong && lengths.is_contiguous(), "lengths must be contiguous int64");
   int64_t b = qkv.size(0), kv = keys.size(0), capacity = keys.size(1), hd = keys.size(2), width = table.size(1);
-  TORCH_CHECK(hd % W == 0 && hd <= 256, "head_dim must be a multiple of 16, at most 256");
+  TORCH_CHECK(hd == 16 || hd == 32 || hd == 64 || hd == 128 || hd == 256, "head_dim must be 16, 32, 64, 128 or 256");
   TORCH_CHECK(heads % kv == 0 && table.size(0) == b && lengths.numel() == b, "heads, table and lengths disagree");
-  const int64_t group = heads / kv, chunks = hd / W, row = qkv.stride(0);
-  const float sc = float(scale);
+  TORCH_CHECK(qkv.size(1) >= heads * hd, "qkv holds fewer than heads x head_dim queries");
+  const int64_t group = heads / kv, row = qkv.stride(0);
   auto out = torch::empty({b, heads * hd}, qkv.options());
   std::vector<float> scores;
-  std::vector<v16f> q(group * chunks), acc(group * chunks), kf(W * chunks);
-  v16f dots[W];
+  std::vector<v16f> kf, vf;
   for (int64_t s = 0; s < b; ++s) {
     const int64_t len = lengths.data_ptr<int64_t>()[s];
     TORCH_CHECK(len >= 1 && len <= width, "a context length is outside its table");
     const int64_t* slot = table.data_ptr<int64_t>() + s * width;
     for (int64_t j = 0; j < len; ++j) TORCH_CHECK(slot[j] >= 0 && slot[j] < capacity, "slot out of the pool");
-    const int64_t padded = (len + W - 1) / W * W;
-    scores.resize(group * padded);
+    scores.resize(group * ((len + W - 1) / W * W));
+    kf.resize(len * hd / W);
+    vf.resize(len * hd / W);
     for (int64_t g = 0; g < kv; ++g) {
       const uint16_t* qs = bf(qkv) + s * row + g * group * hd;
-      for (int64_t h = 0; h < group * chunks; ++h) q[h] = load(qs + h * W);
       const uint16_t* kb = bf(keys) + g * capacity * hd;
-      for (int64_t j0 = 0; j0 < len; j0 += W) {  // sixteen positions: their keys as floats, then each head's scores
-        const int64_t n = std::min<int64_t>(W, len - j0);
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t c = 0; c < chunks; ++c) kf[i * chunks + c] = load(kb + slot[j0 + i] * hd + c * W);
-        for (int64_t h = 0; h < group; ++h) {
-          for (int i = 0; i < W; ++i) {
-            const int64_t p = BITREV[i];
-            v16f dot{};
-            if (p < n)
-              for (int64_t c = 0; c < chunks; ++c) dot += q[h * chunks + c] * kf[p * chunks + c];
-            dots[i] = dot;
-          }
-          v16f r = round_bf(reduce16(dots)) * sc;
-          std::memcpy(scores.data() + h * padded + j0, &r, sizeof r);
-        }
-      }
-      for (int64_t h = 0; h < group; ++h) softmax_bf(scores.data() + h * padded, len);
-      for (auto& a : acc) a = v16f{};
       const uint16_t* vb = bf(values) + g * capacity * hd;
-      for (int64_t j = 0; j < len; ++j) {
-        const uint16_t* v = vb + slot[j] * hd;
-        v16f vc[16];
-        for (int64_t c = 0; c < chunks; ++c) vc[c] = load(v + c * W);
-        for (int64_t h = 0; h < group; ++h) {
-          const float p = scores[h * padded + j];
-          for (int64_t c = 0; c < chunks; ++c) acc[h * chunks + c] += p * vc[c];
-        }
-      }
       uint16_t* o = bf_mut(out) + s * heads * hd + g * group * hd;
-      for (int64_t h = 0; h < group * chunks; ++h) store(o + h * W, acc[h]);
+      const float sc = float(scale);
+      switch (hd) {
+        case 16: attend_group<1>(qs, kb, vb, slot, len, group, sc, scores.data(), kf.data(), vf.data(), o); break;
+        case 32: attend_group<2>(qs, kb, vb, slot, len, group, sc, scores.data(), kf.data(), vf.data(), o); break;
+        case 64: attend_group<4>(qs, kb, vb, slot, len, group, sc, scores.data(), kf.data(), vf.data(), o); break;
+        case 128: attend_group<8>(qs, kb, vb, slot, len, group, sc, scores.data(), kf.data(), vf.data(), o); break;
+        default: attend_group<16>(qs, kb, vb, slot, len, group, sc, scores.data(), kf.data(), vf.data(), o);
+      }
     }
   }
   return out;

@@ -33,11 +33,11 @@ log = logging.getLogger(__name__)
 
 
 def supports(dtype: torch.dtype, head_dim: int) -> bool:
-    """Whether the kernels run a model of this element type and head width (bfloat16, a multiple of 16 up to 256:
-    the attention kernel's vectors)."""
+    """Whether the kernels run a model of this element type and head width (bfloat16; 16 to 256, a power of two:
+    the attention kernel's vectors, one instance per width)."""
     import torch
 
-    return dtype == torch.bfloat16 and head_dim % 16 == 0 and 16 <= head_dim <= 256
+    return dtype == torch.bfloat16 and head_dim in (16, 32, 64, 128, 256)
 
 
 @cache
