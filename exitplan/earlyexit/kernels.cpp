@@ -219,8 +219,8 @@ void rope_and_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, tor
   sin = sin.reshape({n, hd}).contiguous();
   const int64_t* slot = slots.data_ptr<int64_t>();
   int64_t row = qkv.stride(0);
-  for (int64_t t = 0; t < n; ++t) {
-    TORCH_CHECK(slot[t] >= 0 && slot[t] < capacity, "slot out of the pool");
+  for (int64_t t = 0; t < n; ++t) TORCH_CHECK(slot[t] >= 0 && slot[t] < capacity, "slot out of the pool");
+  for (int64_t t = 0; t < n; ++t) {  // every slot checked first: nothing is half-written
     uint16_t* x = bf_mut(qkv) + t * row;
     const uint16_t* c = bf(cos) + t * hd;
     const uint16_t* s = bf(sin) + t * hd;

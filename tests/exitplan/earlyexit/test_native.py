@@ -102,6 +102,11 @@ def test_bad_inputs_are_refused_by_name(native) -> None:
         native.decode_attention(qkv, keys, keys.clone(), torch.tensor([[10]]), torch.tensor([1]), 14, 0.1)
     with pytest.raises(RuntimeError, match="context length"):
         native.decode_attention(qkv, keys, keys.clone(), torch.tensor([[0]]), torch.tensor([2]), 14, 0.1)
+    two, angles = torch.randn(2, 18 * 64, dtype=BF), torch.rand(1, 2, 64, dtype=BF)
+    before = two.clone()
+    with pytest.raises(RuntimeError, match="slot out of the pool"):  # the second token's slot: nothing written
+        native.rope_and_cache(two, angles, angles, keys, keys.clone(), torch.tensor([0, 10]), 14)
+    assert torch.equal(two, before) and not keys.any()
 
 
 def test_the_runner_through_the_kernels_gives_the_torch_paths_logits(tiny_checkpoint) -> None:
