@@ -102,13 +102,18 @@ def test_killing_a_replica_under_load_loses_no_request(smollm2_checkpoint: Path,
         with serve(engine_app(smollm2_checkpoint, SMALL)) as survivor:
             coord = coordinator({SMALL: [(victim_url, 0.5), (survivor, 0.5)], LARGE: [(survivor, 1.0)]})
             with serve(create_coordinator_app(coord)) as url, concurrent.futures.ThreadPoolExecutor(12) as pool:
-                body = {"model": SMALL, "prompt": "Write a long story about a dragon.", "max_tokens": 200}
-                futures = [pool.submit(httpx.post, f"{url}/v1/completions", json=body, timeout=300)
+                # a chat request: the instruct model writes its 200 tokens (~6 s here); a bare completion of the same
+                # prompt ends at its first token, so the kill could land after every reply (a CI flake)
+                body = {"model": SMALL, "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
+                        "max_tokens": 200}
+                futures = [pool.submit(httpx.post, f"{url}/v1/chat/completions", json=body, timeout=300)
                            for _ in range(12)]
-                deadline = time.monotonic() + 60
-                while httpx.get(f"{victim_url}/health").json()["in_flight"] < 3 and time.monotonic() < deadline:
+                deadline, running = time.monotonic() + 60, 0
+                while running < 3 and time.monotonic() < deadline:
+                    running = httpx.get(f"{victim_url}/health").json()["in_flight"]
                     time.sleep(0.05)
-                victim.send_signal(signal.SIGKILL)  # with requests in flight on it
+                victim.send_signal(signal.SIGKILL)
+                assert running >= 3, f"the victim never had 3 requests in flight (last seen: {running})"
                 replies = [f.result() for f in futures]
     finally:
         victim.kill()
