@@ -108,9 +108,9 @@ def test_killing_a_replica_under_load_loses_no_request(smollm2_checkpoint: Path,
                         "max_tokens": 200}
                 futures = [pool.submit(httpx.post, f"{url}/v1/chat/completions", json=body, timeout=300)
                            for _ in range(12)]
-                deadline, running = time.monotonic() + 60, 0
-                while running < 3 and time.monotonic() < deadline:
-                    running = httpx.get(f"{victim_url}/health").json()["in_flight"]
+                deadline = time.monotonic() + 60
+                while (running := httpx.get(f"{victim_url}/health").json()["in_flight"]) < 3 \
+                        and time.monotonic() < deadline:
                     time.sleep(0.05)
                 victim.send_signal(signal.SIGKILL)
                 assert running >= 3, f"the victim never had 3 requests in flight (last seen: {running})"
