@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -53,7 +54,18 @@ import httpx
 import numpy as np
 import pandas as pd
 from common import start
-from sweep import Prober, cells, geometric_loads, plot, print_table, saturating_load, save_requests, stamp, summary
+from sweep import (
+    CpuMeter,
+    Prober,
+    cells,
+    geometric_loads,
+    plot,
+    print_table,
+    saturating_load,
+    save_requests,
+    stamp,
+    summary,
+)
 
 from exitplan.artifacts import PLAN_FILE, ROUTER_FILE, calibration_path, queries_path
 from exitplan.catalog import load_catalog
@@ -219,6 +231,18 @@ def cut_plan(params, catalog, plan, cut: str):
     return plan.model_copy(update={"models": models})
 
 
+def cpu_meter(fleet) -> CpuMeter:
+    """A meter of the fleet's processes (each replica named by its model and port, the coordinator) and this client."""
+    by_url = {url: model.split("/")[-1] for model, urls in fleet.replica_urls.items() for url in urls}
+    names = {}
+    for proc in fleet.processes:
+        args = [str(a) for a in proc.args]
+        port = args[args.index("--port") + 1] if "--port" in args else "?"
+        model = next((m for u, m in by_url.items() if u.endswith(f":{port}")), None)
+        names[f"{model}:{port}" if model else "coordinator"] = proc.pid
+    return CpuMeter({**names, "client": os.getpid()})
+
+
 def measure_point(params, fleet, plan_dir: Path, frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     """Replay ``frame`` through the fleet's coordinator: per request what the client saw (with each prompt's scoring
     time and its wait in the scorer's queue), and the coordinator's own statistics."""
@@ -253,11 +277,12 @@ def main() -> None:
     prober = Prober(device, catalog, params.calibrate.repeats)
     fleet = start_local(params, plan, plan_dir / ROUTER_FILE, params.path(params.deploy.output_dir))
     tables, frames, at_plan = [], [], None
+    meter = cpu_meter(fleet)
     try:
         for point, qps in enumerate(loads):
             frame = trace(params, count, qps, cap, point)
-            (measured, stats), drift, (before, after) = prober.around(lambda f=frame: measure_point(
-                params, fleet, plan_dir, f))
+            ((measured, stats), cpu), drift, (before, after) = prober.around(lambda f=frame: meter.around(
+                lambda: measure_point(params, fleet, plan_dir, f)))
             predicted = predict(catalog, measured, device, "raw", plan_layers(plan))
             predicted = predict(catalog, predicted, prober.corrected(drift), "cor", plan_layers(plan)).rename(
                 columns={"model": "who"})
@@ -268,7 +293,8 @@ def main() -> None:
                   f"x{after.prefill:.3f}/x{after.decode:.3f} (prefill/decode); coordinator own time P95 "
                   f"{stats['overhead_ms_p95']:.1f} ms; routed {predicted['who'].value_counts().to_dict()}; "
                   f"{(predicted['events'] < predicted['tokens']).mean():.0%} of streams sent fewer events than tokens "
-                  f"({predicted['events'].sum()} events, {predicted['tokens'].sum()} tokens)", flush=True)
+                  f"({predicted['events'].sum()} events, {predicted['tokens'].sum()} tokens); cores used "
+                  f"{', '.join(f'{k} {v:.2f}' for k, v in cpu.items())}", flush=True)
     finally:
         fleet.stop()
     table = pd.concat(tables, ignore_index=True)

@@ -80,11 +80,14 @@ def _key(point: Point) -> tuple:
     return tuple(np.round(point.fractions, 3)), tuple(point.choice)
 
 
-def measure(params, plan: Plan, router_path: Path, frame: pd.DataFrame, out: Path) -> pd.DataFrame:
-    """Deploy ``plan`` here, replay ``frame`` through its coordinator, stop it; what the client saw per request."""
+def measure(params, plan: Plan, router_path: Path, frame: pd.DataFrame, out: Path) -> tuple[pd.DataFrame, str]:
+    """Deploy ``plan`` here, replay ``frame`` through its coordinator, stop it; what the client saw per request, and
+    the replicas started per plan model (``a/b``: a plan this machine cannot hold whole runs on fewer, and then it
+    is not the plan that was predicted)."""
     fleet = start_local(params, plan, router_path, out)
     try:
-        return pd.DataFrame(asyncio.run(replay(fleet.coordinator_url, params.deploy.fleet_name, frame)))
+        held = "/".join(str(len(fleet.replica_urls.get(m.model, []))) for m in plan.models)
+        return pd.DataFrame(asyncio.run(replay(fleet.coordinator_url, params.deploy.fleet_name, frame))), held
     finally:
         fleet.stop()
 
@@ -111,23 +114,24 @@ def main() -> None:
     rows = []
     for name, (plan, router_path) in plans.items():
         began = time.perf_counter()
-        measured = measure(params, plan, router_path, frame, out / name / "deploy")
+        measured, held = measure(params, plan, router_path, frame, out / name / "deploy")
         p95 = {m: float(np.percentile(part["e2e"], 95)) for m, part in measured.groupby("model")}
         rows.append({"plan": name, "fractions": "/".join(f"{m.fraction:.2f}" for m in plan.models),
-                     "replicas": "/".join(str(m.replicas if m.serves else 0) for m in plan.models),
+                     "replicas": "/".join(str(m.replicas if m.serves else 0) for m in plan.models), "held": held,
                      "quality": plan.predicted_quality, "cost": plan.cost_per_hour,
                      "eligible": plan.predicted_quality >= scenario.min_quality - 1e-9,
                      "predicted": plan.predicted_p95_s, "measured": max(p95.values()),
                      "all_p95": float(np.percentile(measured["e2e"], 95))})
         print(f"{stamp()} {name}: measured worst-model P95 {rows[-1]['measured']:.3f} s, predicted "
-              f"{plan.predicted_p95_s:.3f} s ({time.perf_counter() - began:.0f} s)", flush=True)
+              f"{plan.predicted_p95_s:.3f} s; replicas started {held} of {rows[-1]['replicas']} "
+              f"({time.perf_counter() - began:.0f} s)", flush=True)
     table = pd.DataFrame(rows)
     table["pred_rank"] = table["predicted"].rank(method="min").astype(int)
     table["meas_rank"] = table["measured"].rank(method="min").astype(int)
-    print(f"{'plan':<28}{'fractions':>11}{'replicas':>9}{'quality':>8}{'$/h':>7}{'floor':>6}{'pred P95':>10}"
-          f"{'meas P95':>10}{'all P95':>9}{'pred #':>7}{'meas #':>7}")
+    print(f"{'plan':<28}{'fractions':>11}{'replicas':>9}{'started':>8}{'quality':>8}{'$/h':>7}{'floor':>6}"
+          f"{'pred P95':>10}{'meas P95':>10}{'all P95':>9}{'pred #':>7}{'meas #':>7}")
     for r in table.itertuples():
-        print(f"{r.plan:<28}{r.fractions:>11}{r.replicas:>9}{r.quality:>8.3f}{r.cost:>7.3f}"
+        print(f"{r.plan:<28}{r.fractions:>11}{r.replicas:>9}{r.held:>8}{r.quality:>8.3f}{r.cost:>7.3f}"
               f"{'ok' if r.eligible else 'below':>6}{r.predicted:>10.3f}{r.measured:>10.3f}{r.all_p95:>9.3f}"
               f"{r.pred_rank:>7}{r.meas_rank:>7}")
     rho = float(spearmanr(table["predicted"], table["measured"]).statistic)

@@ -61,6 +61,34 @@ class Prober:
         return max((d.worst for d in self.drifts), key=abs, default=0.0)
 
 
+@dataclass
+class CpuMeter:
+    """The share of one core each named process (with its children) used over a measured point: where the host's
+    CPU went, the figure that tells the replicas' own work from what runs beside them."""
+
+    pids: dict[str, int]
+    """Name -> process id (a replica's leader, the coordinator, this client)."""
+
+    def _seconds(self) -> dict[str, float]:
+        import psutil
+
+        out = {}
+        for name, pid in self.pids.items():
+            try:
+                root = psutil.Process(pid)
+                out[name] = sum(sum(p.cpu_times()[:2]) for p in [root, *root.children(recursive=True)])
+            except psutil.Error:
+                out[name] = float("nan")
+        return out
+
+    def around(self, measure: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
+        """``measure()``'s result and each process's CPU seconds over its wall seconds."""
+        before, began = self._seconds(), time.perf_counter()
+        result = measure()
+        wall, after = time.perf_counter() - began, self._seconds()
+        return result, {name: (after[name] - before[name]) / wall for name in self.pids}
+
+
 def geometric_loads(light: float, heavy: float, count: int) -> list[float]:
     """``count`` loads from ``light`` to ``heavy`` (req/s), evenly spaced on a log scale."""
     return [float(x) for x in np.geomspace(light, heavy, count)]
