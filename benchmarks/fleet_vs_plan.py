@@ -73,7 +73,7 @@ from exitplan.deploy import start_local
 from exitplan.planner.plan_file import read_plan
 from exitplan.profiling.calibration import device_of, read_calibration, standing
 from exitplan.routing.router_file import load_router
-from exitplan.simulator.colocation import simulate_colocated
+from exitplan.simulator.colocation import HostSharing, simulate_colocated
 from exitplan.simulator.replica import RequestSet
 from exitplan.vllm.simulate import replica_simulator
 from serving.scorer import BatchingScorer, score_function
@@ -182,7 +182,7 @@ def predict(catalog, frame: pd.DataFrame, device, prefix: str, layers: Mapping[s
     request_sets = [RequestSet(rows["at_s"].to_numpy(float), rows["prompt_len"].to_numpy(np.int64),
                                rows["tokens"].clip(lower=1).to_numpy(np.int64)) for _, rows in groups]
     sims = [replica_simulator(device, catalog.llm(model), layers.get(model)) for model, _ in groups]
-    results, _ = simulate_colocated(sims, request_sets, device.gpu.neighbour_slowdown)
+    results, _ = simulate_colocated(sims, request_sets, HostSharing.of(device.gpu))
     for (_, rows), requests, result in zip(groups, request_sets, results, strict=True):
         ttft = result.first_token_s - requests.arrival_s + rows["route_s"].to_numpy(float)
         e2e = result.finish_s - requests.arrival_s + rows["route_s"].to_numpy(float)

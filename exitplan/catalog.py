@@ -108,6 +108,19 @@ class Gpu(StrictModel):
     ``profile_vllm`` measures it: a replica's decode step while every other replica decodes, over the same step
     alone (:mod:`exitplan.simulator.colocation` applies it)."""
 
+    host_slots: int = Field(default=0, ge=0, le=1024)
+    """Replicas of this device one host runs at once when they take all its cores (a CPU device: its cores over a
+    replica's), so that the fleet's coordinator has no core of its own and takes its CPU from theirs while all are
+    busy; 0 for a device whose replicas leave the host's CPUs to the coordinator (every catalog GPU)."""
+
+    relay_cpu_s: float = Field(default=0.0, ge=0, le=1)
+    """CPU seconds the coordinator spends relaying one streamed token, on a host of ``host_slots`` replicas
+    (``profile_vllm`` measures it on the real coordinator, :mod:`exitplan.vllm.coordinator_cost`)."""
+
+    score_cpu_s: float = Field(default=0.0, ge=0, le=10)
+    """CPU seconds the coordinator spends routing one request (its embedder's pass over the prompt), on a host of
+    ``host_slots`` replicas (measured with ``relay_cpu_s``)."""
+
     @property
     def memory_bytes(self) -> float:
         """Device memory in bytes."""

@@ -11,6 +11,7 @@ import numpy as np
 from exitplan.errors import ExitplanError, LabelsNotFound
 from exitplan.planner.candidates import Candidate, mixed_candidates
 from exitplan.planner.problem import PlanProblem
+from exitplan.simulator.colocation import HostSharing
 from exitplan.simulator.curve import LatencyCurve
 from exitplan.simulator.perf_db import curve_of
 
@@ -100,15 +101,26 @@ def interpolate(grid: np.ndarray, values: np.ndarray, fractions: np.ndarray) -> 
     return float(values[int(np.argmin(np.abs(grid - np.asarray(fractions)).sum(axis=1)))])
 
 
+def tokens_per_request(db: Any, models: Sequence[str]) -> dict[str, float]:
+    """Each model's mean output tokens per request in ``db`` (its output throughput over its request throughput,
+    the median over the rows that served any)."""
+    out = {}
+    for m in models:
+        rows = db[(db["model"] == m) & (db["throughput_req_s"] > 0)]
+        ratio = (rows["throughput_out_tok_s"] / rows["throughput_req_s"]).dropna()
+        out[m] = float(ratio.median()) if len(ratio) else 0.0
+    return out
+
+
 def problem_from(db: Any, prices: Mapping[str, float], available: Mapping[str, int], models: Sequence[str],
                  quality: Any, load: float, budget: float, metric: str, budget_points: int,
                  target_latency: float | None, shares: Sequence[float] = (1.0,),
-                 neighbour_slowdown: Mapping[str, float] | None = None,
+                 sharing: Mapping[str, HostSharing] | None = None,
                  depths: Mapping[str, Sequence[int]] | None = None, depth_quality: Any = None) -> PlanProblem:
     """The co-optimisation problem: candidates per model from the perf DB (knapsack over a budget grid, at each
-    share of the load the model may be routed, and at each depth it may be cut to); ``neighbour_slowdown`` and
-    ``depth_quality`` as :class:`PlanProblem` takes them; ``depths``: model -> the layer counts its replicas may
-    hold (default: full depth only)."""
+    share of the load the model may be routed, and at each depth it may be cut to); ``sharing`` and
+    ``depth_quality`` as :class:`PlanProblem` takes them (each model's tokens per request read from ``db``);
+    ``depths``: model -> the layer counts its replicas may hold (default: full depth only)."""
     curves: dict[str, Mapping[tuple, LatencyCurve]] = {}
     candidates: dict[str, list[Candidate]] = {}
     budgets = np.linspace(budget / budget_points, budget, budget_points).tolist()
@@ -124,7 +136,7 @@ def problem_from(db: Any, prices: Mapping[str, float], available: Mapping[str, i
         if not candidates[m]:
             raise ExitplanError(f"{m}: no deployment fits {dict(available)} GPUs and ${budget}/h")
     return PlanProblem(list(models), candidates, curves, load, budget, available, quality,
-                       dict(neighbour_slowdown or {}), depth_quality)
+                       dict(sharing or {}), depth_quality, tokens_per_request(db, models))
 
 
 def read_tables(paths: Sequence[tuple[Path, str]]) -> Any:

@@ -22,7 +22,7 @@ from typing import cast
 import numpy as np
 
 from exitplan.planner.candidates import Candidate
-from exitplan.simulator.colocation import fixed_point, slowdowns, slowed_curve
+from exitplan.simulator.colocation import HostSharing, fixed_point, slowdowns, slowed_curve, stolen_shares
 from exitplan.simulator.curve import INF, LatencyCurve, best_split
 
 MIN_SHARE = 1e-3
@@ -62,9 +62,11 @@ class PlanProblem:
         budget: US$/h cap.
         available: GPU type -> GPUs available.
         quality: Fractions (``K``) -> mean quality (the routing curve).
-        neighbour_slowdown: GPU type -> its ``neighbour_slowdown``, for the types whose replicas share a host (a
-            CPU device): the plan's replicas on one are slowed by each other's busy shares
-            (:mod:`exitplan.simulator.colocation`). Empty: every replica owns its GPUs.
+        sharing: GPU type -> how its replicas share a host, for the types whose replicas do (a CPU device): the
+            plan's replicas on one are slowed by each other's busy shares and, where they fill the host, by the
+            coordinator's work (:mod:`exitplan.simulator.colocation`). Empty: every replica owns its GPUs.
+        tokens_per_request: Model -> mean output tokens of a request of the perf DB's workload (what the
+            coordinator relays per request routed to it).
         depth_quality: Q(f, layers per model), used instead of ``quality`` when given (the problem plans depth).
     """
 
@@ -75,8 +77,9 @@ class PlanProblem:
     budget: float
     available: Mapping[str, int]
     quality: Callable[[np.ndarray], float]
-    neighbour_slowdown: Mapping[str, float] = field(default_factory=dict)
+    sharing: Mapping[str, HostSharing] = field(default_factory=dict)
     depth_quality: Callable[[np.ndarray, tuple[int, ...]], float] | None = None
+    tokens_per_request: Mapping[str, float] = field(default_factory=dict)
     _cache: dict = field(default_factory=dict, repr=False)
 
     def layers_of(self, model: int, cand: int) -> int:
@@ -238,28 +241,32 @@ class PlanProblem:
         """Each loaded model's P95 with the replicas that share a host slowed by their neighbours (the mean field
         of :mod:`exitplan.simulator.colocation` over the perf DB's curves and busy shares); ``None`` when no shared
         GPU type holds two or more of the plan's replicas (then the plain look-up is exact)."""
-        if not self.neighbour_slowdown:  # every GPU type owns its replicas' devices: skip on the evaluation path
+        if not self.sharing:  # every GPU type owns its replicas' devices: skip on the evaluation path
             return None
-        loaded = [(self.candidates[m][k], f * self.load, self.curves[m])
+        loaded = [(self.candidates[m][k], f * self.load, self.curves[m], m)
                   for m, k, f in zip(self.models, choice, fractions, strict=True) if f >= MIN_SHARE]
-        gpus = np.asarray([g.gpu for cand, _, _ in loaded for g in cand.groups for _ in range(g.dp)])
-        rate = np.asarray([self.neighbour_slowdown.get(str(g), 0.0) for g in gpus])
-        if not any(c > 0 and np.sum(gpus == g) >= 2 for g, c in zip(gpus, rate, strict=True)):
+        gpus = np.asarray([g.gpu for cand, _, _, _ in loaded for g in cand.groups for _ in range(g.dp)])
+        tokens = np.asarray([self.tokens_per_request.get(m, 0.0) for cand, _, _, m in loaded for g in cand.groups
+                             for _ in range(g.dp)])
+        hosts = {g: self.sharing[g] for g in set(gpus.tolist()) if g in self.sharing
+                 and self.sharing[g].slows(int(np.sum(gpus == g)))}
+        if not hosts:
             return None
-        curves = [cand.replica_curves(c) for cand, _, c in loaded]
+        curves = [cand.replica_curves(c) for cand, _, c, _ in loaded]
         flat, edges = [c for cs in curves for c in cs], np.cumsum([0, *map(len, curves)])
 
         def split(s: np.ndarray) -> list[tuple[np.ndarray, float]]:
             return [best_split(load, [slowed_curve(c, x) for c, x in zip(cs, s[a:b], strict=True)])
-                    for (_, load, _), cs, a, b in zip(loaded, curves, edges[:-1], edges[1:], strict=True)]
+                    for (_, load, _, _), cs, a, b in zip(loaded, curves, edges[:-1], edges[1:], strict=True)]
 
         def update(s: np.ndarray) -> np.ndarray:
             loads = np.concatenate([q for q, _ in split(s)])
             busy = np.asarray([c.busy_at(x * q) for c, x, q in zip(flat, s, loads, strict=True)])
             new = np.ones(len(s))
-            for g in set(gpus.tolist()):
+            for g, host in hosts.items():
                 mine = gpus == g
-                new[mine] = slowdowns(busy[mine], rate[mine])
+                stolen = stolen_shares(busy[mine], loads[mine] * tokens[mine], self.load, host)
+                new[mine] = slowdowns(busy[mine], host.neighbour_slowdown, stolen)
             return new
 
         return [latency for _, latency in split(fixed_point(update, len(gpus)))]

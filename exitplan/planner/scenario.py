@@ -24,6 +24,7 @@ from exitplan.planner.plan_file import Baseline, GroupPlan, ModelPlan, Plan, wri
 from exitplan.planner.problem import PlanProblem
 from exitplan.routing.router_file import RoutingModel, dump_router
 from exitplan.routing.trainer import TrainedRouter
+from exitplan.simulator.colocation import HostSharing
 
 FRONT_FILE = "front.parquet"
 """The MOBO evaluations, the exhaustive front and the baselines of a scenario (one row per plan)."""
@@ -214,11 +215,12 @@ def scenario_problem(section: PlanParams, scenario: PlanScenario, db: Any, catal
     """The scenario's co-optimisation problem: deployment candidates per model from ``db`` (knapsack per model,
     load share and depth) within its GPUs and budget, with the router's quality function (Q(f, depths) when the
     scenario plans depth: :func:`scenario_depths`, ``agreement`` the exit profile's); replicas on a GPU type whose
-    replicas share a host (the catalog's ``neighbour_slowdown``: this machine's vLLM device) slow each other."""
+    replicas share a host (the catalog's ``neighbour_slowdown``, ``host_slots`` and the coordinator's costs: this
+    machine's vLLM device) slow each other."""
     from exitplan.planner.build import problem_from
 
     prices = {g: catalog.gpu(g).price_per_hour for g in scenario.gpus}
-    shared = {g: catalog.gpu(g).neighbour_slowdown for g in scenario.gpus if catalog.gpu(g).neighbour_slowdown > 0}
+    shared = {g: HostSharing.of(catalog.gpu(g)) for g in scenario.gpus if HostSharing.of(catalog.gpu(g)).shared}
     depths, quality = (scenario_depths(scenario, db, catalog, routing, agreement or {}) if scenario.depths
                        else (None, None))
     return problem_from(db, prices, scenario.gpus, scenario.models, routing.quality, scenario.load_qps,

@@ -1,8 +1,12 @@
 """Replicas that share one host: each neighbour busy beside a replica slows its steps by the device's
-``neighbour_slowdown`` (``c``).
+``neighbour_slowdown`` (``c``), and where the replicas fill the host's cores (``host_slots`` of them), the fleet's
+coordinator takes its CPU from theirs while they are all busy.
 
-Mean field: replica ``r``'s steps take ``s_r = 1 + c * sum_{j != r} u_j`` times as long, ``u_j`` being the share of
-the time neighbour ``j`` is busy. A replica whose every step takes ``s`` times as long, serving arrivals ``a``, runs
+Mean field: replica ``r``'s steps take ``s_r = (1 + c * sum_{j != r} u_j) / (1 - t_r)`` times as long, ``u_j`` being
+the share of the time replica ``j`` is busy and ``t_r`` the share of ``r``'s busy time the coordinator takes
+(:func:`stolen_shares`: its relaying of ``j``'s tokens finds no idle core when every other replica is busy too,
+probability ``prod_{k != j} u_k``; its scoring of a prompt when all are, ``prod_k u_k``; what it takes is spread
+evenly over the busy cores). A replica whose every step takes ``s`` times as long, serving arrivals ``a``, runs
 exactly as the replica at full speed serving ``a / s``, its clock stretched by ``s``: so a slowed replica is simulated
 (or looked up in the perf DB) at ``s`` times its load, and its latencies are ``s`` times those found there; its busy
 share is the same either way. The busy shares depend on the slowdowns (a slowed replica is busy longer), so the two
@@ -13,10 +17,11 @@ GPU) has ``c = 0``, and nothing here changes its figures.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from exitplan.catalog import Gpu
 from exitplan.simulator.curve import LatencyCurve
 from exitplan.simulator.replica import ReplicaResult, ReplicaSimulator, RequestSet
 
@@ -27,16 +32,77 @@ TOLERANCE = 1e-4
 """The fixed point is reached when no slowdown moves by more than this in a round."""
 
 
-def slowdowns(busy: Sequence[float] | np.ndarray,
-              neighbour_slowdown: Sequence[float] | np.ndarray | float) -> np.ndarray:
-    """Each replica's step-time multiplier, ``1 + c_r * (sum of the others' busy shares)``.
+MAX_STOLEN = 0.9
+"""Largest share of a replica's busy time the coordinator is taken to use (beyond it the host is overloaded and the
+mean field means nothing)."""
+
+
+@dataclass(frozen=True)
+class HostSharing:
+    """How the replicas of one device that share a host slow each other (the catalog entry's fields).
+
+    Attributes:
+        neighbour_slowdown: ``c``: step-time share lost per busy neighbour.
+        host_slots: Replicas that fill the host's cores (0: the coordinator has CPUs of its own).
+        relay_cpu_s: Coordinator CPU seconds per streamed token.
+        score_cpu_s: Coordinator CPU seconds per routed request.
+    """
+
+    neighbour_slowdown: float = 0.0
+    host_slots: int = 0
+    relay_cpu_s: float = 0.0
+    score_cpu_s: float = 0.0
+
+    @classmethod
+    def of(cls, gpu: Gpu) -> HostSharing:
+        """The device's sharing as the catalog entry records it."""
+        return cls(gpu.neighbour_slowdown, gpu.host_slots, gpu.relay_cpu_s, gpu.score_cpu_s)
+
+    @property
+    def shared(self) -> bool:
+        """Whether replicas of this device can slow each other at all."""
+        return self.neighbour_slowdown > 0 or (self.host_slots > 0 and self.relay_cpu_s + self.score_cpu_s > 0)
+
+    def slows(self, replicas: int) -> bool:
+        """Whether ``replicas`` of this device on one host slow one another (neighbours, or the coordinator)."""
+        return (self.neighbour_slowdown > 0 and replicas >= 2) or (
+            self.fills(replicas) and self.relay_cpu_s + self.score_cpu_s > 0)
+
+    def fills(self, replicas: int) -> bool:
+        """Whether ``replicas`` of this device on one host leave the coordinator no core of its own."""
+        return self.host_slots > 0 and replicas >= self.host_slots
+
+
+def stolen_shares(busy: Sequence[float] | np.ndarray, token_rate: Sequence[float] | np.ndarray, request_rate: float,
+                  sharing: HostSharing) -> np.ndarray:
+    """Share of each replica's busy time the coordinator takes (none unless the replicas fill the host).
+
+    Args:
+        busy: Share of the time each replica of one host is busy (0 to 1).
+        token_rate: Tokens each replica streams per second of the whole span (the coordinator relays each).
+        request_rate: Requests the coordinator routes per second (all replicas').
+        sharing: The device's coordinator costs and slots.
+    """
+    u = np.clip(np.asarray(busy, float), 0.0, 1.0)
+    if not sharing.fills(len(u)):
+        return np.zeros(len(u))
+    others = np.asarray([np.prod(np.delete(u, i)) for i in range(len(u))])
+    taken = (sharing.relay_cpu_s * float(np.sum(np.asarray(token_rate, float) * others))
+             + sharing.score_cpu_s * request_rate * float(np.prod(u))) / len(u)
+    return np.minimum(taken / np.maximum(u, 1e-9), MAX_STOLEN)
+
+
+def slowdowns(busy: Sequence[float] | np.ndarray, neighbour_slowdown: Sequence[float] | np.ndarray | float,
+              stolen: Sequence[float] | np.ndarray | float = 0.0) -> np.ndarray:
+    """Each replica's step-time multiplier, ``(1 + c_r * (sum of the others' busy shares)) / (1 - t_r)``.
 
     Args:
         busy: Share of the time each replica of one host is busy (0 to 1).
         neighbour_slowdown: ``c`` of the device, one for all or one per replica.
+        stolen: ``t_r``: share of each replica's busy time the coordinator takes (:func:`stolen_shares`).
     """
     u = np.clip(np.asarray(busy, float), 0.0, 1.0)
-    return 1.0 + np.asarray(neighbour_slowdown, float) * (u.sum() - u)
+    return (1.0 + np.asarray(neighbour_slowdown, float) * (u.sum() - u)) / (1.0 - np.asarray(stolen, float))
 
 
 def fixed_point(update: Callable[[np.ndarray], np.ndarray], count: int) -> np.ndarray:
@@ -62,26 +128,31 @@ def run_slowed(sim: ReplicaSimulator, requests: RequestSet, slowdown: float) -> 
 
 
 def simulate_colocated(sims: Sequence[ReplicaSimulator], requests: Sequence[RequestSet],
-                       neighbour_slowdown: float) -> tuple[list[ReplicaResult], np.ndarray]:
-    """Replicas of one host, each serving its own requests, slowed by their neighbours' busy shares over the whole
-    run (first arrival to last finish of any).
+                       sharing: HostSharing) -> tuple[list[ReplicaResult], np.ndarray]:
+    """Replicas of one host, each serving its own requests, slowed by their neighbours' busy shares and the
+    coordinator's work over the whole run (first arrival to last finish of any).
 
     Returns:
         Each replica's result and its slowdown.
     """
     start = min(float(r.arrival_s[0]) for r in requests)
+    request_count = sum(len(r.arrival_s) for r in requests)
 
     def runs(s: np.ndarray) -> list[ReplicaResult]:
         return [run_slowed(sim, r, float(x)) for sim, r, x in zip(sims, requests, s, strict=True)]
 
-    def busy_of(s: np.ndarray) -> np.ndarray:
+    def update(s: np.ndarray) -> np.ndarray:
         results = runs(s)
-        end = max(float(np.nanmax(res.finish_s)) for res in results)
-        return np.asarray([res.busy_s / max(end - start, 1e-12) for res in results])
+        span = max(max(float(np.nanmax(res.finish_s)) for res in results) - start, 1e-12)
+        busy = np.asarray([res.busy_s / span for res in results])
+        tokens = np.asarray([float(np.sum(res.requests.output_len[np.isfinite(res.finish_s)])) / span
+                             for res in results])
+        return slowdowns(busy, sharing.neighbour_slowdown,
+                         stolen_shares(busy, tokens, request_count / span, sharing))
 
     s = np.ones(len(sims))
-    if neighbour_slowdown > 0 and len(sims) >= 2:
-        s = fixed_point(lambda x: slowdowns(busy_of(x), neighbour_slowdown), len(sims))
+    if sharing.slows(len(sims)):
+        s = fixed_point(update, len(sims))
     return runs(s), s
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,16 +65,17 @@ def main(params: Params) -> dict[str, Any]:
 
 def fit_and_write(rows: list[dict[str, Any]], models: dict[str, Any], device_id: str, memory_gib: float,
                   price_per_hour: float, out: Path, probe: Probe, engine: ReplicaKnobs | None = None,
-                  neighbour_slowdown: float = 0.0) -> dict[str, Any]:
+                  host: Mapping[str, float] | None = None) -> dict[str, Any]:
     """Fit the device to the measured ``rows``, add each row's prediction, and write ``steps.parquet`` and
-    ``device.yaml`` (the entry with the measured ``neighbour_slowdown``, its overheads, the reference ``probe`` taken
-    after the profiling and the replicas' ``engine`` knobs) into ``out``; returns the fit's metrics."""
+    ``device.yaml`` (the entry with how its replicas share a host as measured, ``host``'s fields, its overheads, the
+    reference ``probe`` taken after the profiling and the replicas' ``engine`` knobs) into ``out``; returns the fit's
+    metrics."""
     import pandas as pd
 
     from exitplan.profiling.device import fit_device, predict
 
     device, step, seq, errors = fit_device(rows, models, device_id, memory_gib, price_per_hour)
-    device = device.model_copy(update={"neighbour_slowdown": neighbour_slowdown})
+    device = device.model_copy(update=dict(host or {}))
     for name, model in models.items():
         mine = [r for r in rows if r["model"] == name]
         for row, seconds in zip(mine, predict(mine, model, device, step, seq), strict=True):

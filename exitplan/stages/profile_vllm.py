@@ -4,21 +4,26 @@ Each model of ``profile_vllm.models`` is served by a vLLM CPU replica started ex
 (:mod:`exitplan.vllm.replica`: the rendered flags, its own pinned core, the ``vllm`` section's KV cache); the replicas
 start together, as many as the machine holds (their compiles overlap), and each is timed through its API
 (:mod:`exitplan.vllm.profile`) while the others stand by, as they do beside it in a deployment, then once more while
-the others decode (the device's ``neighbour_slowdown``: what co-located replicas cost each other). The points are fitted
-like ``profile_device``'s, giving the catalog entry ``device_id`` and vLLM's per-step and per-sequence overheads, with
-which the simulator predicts a vLLM replica on this machine; ``device.yaml`` also records the engine knobs the replicas
-ran with.
+the others decode (the device's ``neighbour_slowdown``: what co-located replicas cost each other), and the
+fleet's coordinator is started in front of them to read its CPU per relayed token and per routed workload prompt
+(:mod:`exitplan.vllm.coordinator_cost`: on a host the replicas fill, the coordinator's work is taken from theirs).
+The points are fitted like ``profile_device``'s, giving the catalog entry ``device_id`` and vLLM's per-step and
+per-sequence overheads, with which the simulator predicts a vLLM replica on this machine; ``device.yaml`` also records
+the engine knobs the replicas ran with.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exitplan.atomic import write_json
 from exitplan.config import Params
 from exitplan.tracking import log_stage_run
+
+if TYPE_CHECKING:
+    from exitplan.vllm.coordinator_cost import CoordinatorCost
 
 STAGE = "profile_vllm"
 
@@ -36,11 +41,13 @@ def _waves(params: Params, names: list[str]) -> list[list[str]]:
     return waves
 
 
-def _rows_of(params: Params, names: list[str]) -> tuple[list[dict[str, Any]], float | None]:
+def _rows_of(params: Params, names: list[str]) -> tuple[list[dict[str, Any]], float | None, CoordinatorCost | None]:
     """Serve ``names`` on vLLM replicas started together (each on its own cores, as a deployment starts them, so
-    their compiles overlap), time each in turn while the others stand by, then each beside the others busy, stop them
-    all. Returns the rows and the neighbour slowdown (none with one replica)."""
+    their compiles overlap), time each in turn while the others stand by, then each beside the others busy, then
+    the coordinator in front of them; stop them all. Returns the rows, the neighbour slowdown and the coordinator's
+    cost (none with one replica)."""
     from exitplan.vllm import replica as vllm_replica
+    from exitplan.vllm.coordinator_cost import measure_coordinator_cost
     from exitplan.vllm.profile import measure, neighbour_slowdown
     from exitplan.vllm.truncate import read_layers
 
@@ -60,15 +67,29 @@ def _rows_of(params: Params, names: list[str]) -> tuple[list[dict[str, Any]], fl
                 replica.url, name, read_layers(params.checkpoint_path(name)), section.batch_sizes, section.contexts,
                 section.prefill_lengths, section.tokens, section.repeats)]
         if len(started) < 2:
-            return rows, None
+            return rows, None, None
         context, batch = min(section.contexts), min(section.batch_sizes)
         alone = [next(r["seconds"] for r in rows if (r["model"], r["kind"], r["batch"], r["context"]) ==
                       (name, "decode", batch, context + section.tokens // 2)) for name in names]
-        return rows, neighbour_slowdown([(r.url, n) for r, n in zip(started, names, strict=True)], alone, batch,
-                                        context, section.tokens, section.repeats)
+        replicas = [(r.url, n) for r, n in zip(started, names, strict=True)]
+        slowdown = neighbour_slowdown(replicas, alone, batch, context, section.tokens, section.repeats)
+        cost = measure_coordinator_cost(params, replicas, _prompts(params), 4 * section.tokens,
+                                        params.path(".cache") / STAGE / "coordinator")
+        return rows, slowdown, cost
     finally:
         for replica in started:
             vllm_replica.stop(replica.process)
+
+
+def _prompts(params: Params) -> list[str]:
+    """The workload's prompts the coordinator routes while its CPU is read (the first ``ROUTED`` of a shuffle)."""
+    import pandas as pd
+
+    from exitplan.artifacts import queries_path
+    from exitplan.vllm.coordinator_cost import ROUTED
+
+    queries = pd.read_parquet(queries_path(params), columns=["prompt"])
+    return queries["prompt"].sample(n=min(ROUTED, len(queries)), random_state=0).astype(str).tolist()
 
 
 def main(params: Params) -> dict[str, Any]:
@@ -80,14 +101,19 @@ def main(params: Params) -> dict[str, Any]:
     from exitplan.profiling.device_file import ReplicaKnobs
     from exitplan.profiling.probe import reference_model, run_probe
     from exitplan.stages.profile_device import fit_and_write
+    from exitplan.vllm import replica as vllm_replica
     from exitplan.vllm.replica import cpu_engine, replica_dtype
 
     section = params.profile_vllm
     began = time.perf_counter()
     waves = [_rows_of(params, wave) for wave in _waves(params, list(section.models))]
-    rows = [row for wave_rows, _ in waves for row in wave_rows]
-    measured = [s for _, s in waves if s is not None]
+    rows = [row for wave_rows, _, _ in waves for row in wave_rows]
+    measured = [s for _, s, _ in waves if s is not None]
     slowdown = statistics.fmean(measured) if measured else 0.0  # one replica at a time: no neighbour measured
+    costs = [c for _, _, c in waves if c is not None]  # the coordinator's, where two models were up together
+    host = {"neighbour_slowdown": slowdown, "host_slots": vllm_replica.slots(params) if costs else 0,
+            "relay_cpu_s": statistics.fmean(c.relay_cpu_s for c in costs) if costs else 0.0,
+            "score_cpu_s": statistics.fmean(c.score_cpu_s for c in costs) if costs else 0.0}
     dtype = replica_dtype(params)  # float32 on a CPU without bfloat16 kernels
     size = DTYPE_BYTES[dtype]
     catalog = load_catalog(params.path(params.catalog))
@@ -101,8 +127,8 @@ def main(params: Params) -> dict[str, Any]:
     probe = run_probe(reference_model(catalog, list(section.models)), dtype, params.calibrate.repeats,
                       params.vllm.threads_per_replica)
     metrics = fit_and_write(rows, models, section.device_id, memory, section.price_per_hour,
-                            params.path(section.output_dir), probe, engine, slowdown)
-    metrics["neighbour_slowdown"] = slowdown
+                            params.path(section.output_dir), probe, engine, host)
+    metrics.update({**host, "relay_cpu_ms": host["relay_cpu_s"] * 1e3, "score_cpu_ms": host["score_cpu_s"] * 1e3})
     decode = [r for r in rows if r["kind"] == "decode"]
     shortest = min(r["context"] for r in decode)
     metrics.update({f"decode_tok_s_b{r['batch']}_{r['model'].split('/')[-1]}": r["batch"] / r["seconds"]

@@ -68,14 +68,18 @@ def cores(count: int, threads: int) -> list[list[int]]:
     return [usable[i * threads:(i + 1) * threads] for i in range(count)]
 
 
+def slots(params: Params) -> int:
+    """Replicas whose core sets fill the cores this process may use."""
+    return len(os.sched_getaffinity(0)) // params.vllm.threads_per_replica
+
+
 def capacity(params: Params, gib_each: list[float]) -> int:
     """How many of the replicas (in order) this machine holds: one core set each, and their RAM."""
     import psutil
 
     free = psutil.virtual_memory().available / GIB
-    slots = len(os.sched_getaffinity(0)) // params.vllm.threads_per_replica
     held, used = 0, 0.0
-    for gib in gib_each[:slots]:
+    for gib in gib_each[:slots(params)]:
         if used + gib > free:
             break
         held, used = held + 1, used + gib

@@ -7,6 +7,7 @@ import pytest
 
 from exitplan.planner.candidates import Candidate, Group
 from exitplan.planner.problem import PlanProblem
+from exitplan.simulator.colocation import HostSharing
 from exitplan.simulator.curve import LatencyCurve
 
 GRID = np.asarray([0.5, 1.0, 2.0, 4.0])
@@ -17,12 +18,12 @@ def _curve(base: float, slope: float, busy_per_qps: float) -> LatencyCurve:
     return LatencyCurve.from_points(GRID, base + slope * GRID, busy=busy_per_qps * GRID)
 
 
-def _problem(shared: dict[str, float], gpu_b: str = "cpu") -> PlanProblem:
+def _problem(shared: dict[str, HostSharing], gpu_b: str = "cpu") -> PlanProblem:
     curves = {"a": {("cpu", 1, 1, 10): _curve(1.0, 0.5, 0.2)}, "b": {(gpu_b, 1, 1, 20): _curve(2.0, 1.0, 0.15)}}
     candidates = {"a": [Candidate((Group("cpu", 1, 1, 1, 10, 0.1),))],
                   "b": [Candidate((Group(gpu_b, 1, 1, 1, 20, 0.1),))]}
     return PlanProblem(["a", "b"], candidates, curves, load=2.0, budget=10.0, available={"cpu": 2, "gpu": 1},
-                       quality=lambda f: float(f[1]), neighbour_slowdown=shared)
+                       quality=lambda f: float(f[1]), sharing=shared, tokens_per_request={"a": 100.0, "b": 50.0})
 
 
 def test_replicas_on_one_host_meet_at_the_hand_solved_fixed_point() -> None:
@@ -32,16 +33,35 @@ def test_replicas_on_one_host_meet_at_the_hand_solved_fixed_point() -> None:
     a, b = c * 0.15, c * 0.2
     s_a, s_b = (1 + a) / (1 - a * b), (1 + b) / (1 - a * b)
     latency_a, latency_b = s_a * (1.0 + 0.5 * s_a), s_b * (2.0 + 1.0 * s_b)
-    got = _problem({"cpu": c}).colocated_latencies(fractions, (0, 0))
+    got = _problem({"cpu": HostSharing(c)}).colocated_latencies(fractions, (0, 0))
     assert got == pytest.approx([latency_a, latency_b], rel=1e-3)
-    plan = _problem({"cpu": c}).evaluate_plan(fractions, (0, 0))
+    plan = _problem({"cpu": HostSharing(c)}).evaluate_plan(fractions, (0, 0))
     assert plan.latency == pytest.approx(latency_b, rel=1e-3)
     assert plan.latency > _problem({}).evaluate_plan(fractions, (0, 0)).latency == pytest.approx(3.0)
 
 
 def test_replicas_on_separate_devices_are_looked_up_alone() -> None:
-    problem = _problem({"cpu": 0.4}, gpu_b="gpu")  # one replica on the shared type: no neighbour
+    problem = _problem({"cpu": HostSharing(0.4)}, gpu_b="gpu")  # one replica on the shared type: no neighbour
     assert problem.colocated_latencies(np.asarray([0.5, 0.5]), (0, 0)) is None
     assert problem.evaluate_plan(np.asarray([0.5, 0.5]), (0, 0)).latency == pytest.approx(3.0)
     # a model with no load deploys nothing, so it slows no one
-    assert _problem({"cpu": 0.4}).colocated_latencies(np.asarray([1.0, 0.0]), (0, 0)) is None
+    assert _problem({"cpu": HostSharing(0.4)}).colocated_latencies(np.asarray([1.0, 0.0]), (0, 0)) is None
+
+
+def test_a_coordinator_without_a_core_of_its_own_slows_the_replicas_that_fill_the_host() -> None:
+    fractions = np.asarray([0.5, 0.5])  # 1 req/s each: u_a = 0.2 s_a, u_b = 0.15 s_b, 100 and 50 tok/s
+    relay, score = 0.001, 0.02
+    host = HostSharing(host_slots=2, relay_cpu_s=relay, score_cpu_s=score)
+    got = _problem({"cpu": host}).colocated_latencies(fractions, (0, 0))
+    assert got is not None
+    # the fixed point by plain iteration of the hand-written map
+    s = np.ones(2)
+    for _ in range(200):
+        u = np.asarray([0.2 * s[0], 0.15 * s[1]])
+        taken = (relay * (100 * u[1] + 50 * u[0]) + score * 2.0 * u[0] * u[1]) / 2
+        s = 1 / (1 - taken / u)
+    assert got == pytest.approx([s[0] * (1.0 + 0.5 * s[0]), s[1] * (2.0 + 1.0 * s[1])], rel=1e-3)
+    assert s[1] > s[0] > 1.0
+    # a host with a third core keeps the coordinator off the replicas' cores
+    spare = HostSharing(host_slots=3, relay_cpu_s=relay, score_cpu_s=score)
+    assert _problem({"cpu": spare}).colocated_latencies(fractions, (0, 0)) is None

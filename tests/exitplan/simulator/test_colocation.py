@@ -8,7 +8,14 @@ import pytest
 
 from exitplan.catalog import Catalog
 from exitplan.config import EngineParams
-from exitplan.simulator.colocation import run_slowed, simulate_colocated, slowdowns, slowed_curve
+from exitplan.simulator.colocation import (
+    HostSharing,
+    run_slowed,
+    simulate_colocated,
+    slowdowns,
+    slowed_curve,
+    stolen_shares,
+)
 from exitplan.simulator.cost_model import ReplicaSpec
 from exitplan.simulator.curve import LatencyCurve
 from exitplan.simulator.replica import ReplicaSimulator, RequestSet
@@ -27,6 +34,33 @@ def test_each_replica_is_slowed_by_the_others_busy_shares() -> None:
     # 1 + c * (sum of the others): 1 + 0.1 * 0.2, 1 + 0.1 * 0.5; a third idle replica is slowed by both
     assert slowdowns([0.5, 0.2, 0.0], 0.1) == pytest.approx([1.02, 1.05, 1.07])
     assert slowdowns([1.0, 1.0], 0.0) == pytest.approx([1.0, 1.0])
+
+
+def test_the_coordinator_takes_cpu_only_when_every_core_is_busy() -> None:
+    sharing = HostSharing(host_slots=2, relay_cpu_s=0.001, score_cpu_s=0.05)
+    # relaying replica 0's 100 tok/s finds replica 1 busy half the time, replica 1's 20 tok/s finds replica 0 busy
+    # 0.8 of it; scoring 2 req/s finds both busy 0.4 of it: 0.001 * (100 * 0.5 + 20 * 0.8) + 0.05 * 2 * 0.4 = 0.106
+    # core-s/s, half from each core, over each one's busy share
+    taken = stolen_shares([0.8, 0.5], [100.0, 20.0], 2.0, sharing)
+    assert taken == pytest.approx([0.053 / 0.8, 0.053 / 0.5])
+    assert slowdowns([0.8, 0.5], 0.0, taken) == pytest.approx([1 / (1 - 0.06625), 1 / (1 - 0.106)])
+    # a host with a core to spare (three slots, two replicas) runs the coordinator there
+    spare = HostSharing(host_slots=3, relay_cpu_s=0.001, score_cpu_s=0.05)
+    assert stolen_shares([0.8, 0.5], [100.0, 20.0], 2.0, spare) == pytest.approx([0.0, 0.0])
+    # one replica that fills its host shares its core with every relay and score
+    assert stolen_shares([0.5], [40.0], 1.0, HostSharing(host_slots=1, relay_cpu_s=0.001, score_cpu_s=0.05)) == \
+        pytest.approx([(0.04 + 0.05 * 0.5) / 0.5])
+
+
+def test_a_coordinator_on_a_full_host_slows_both_replicas(catalog: Catalog) -> None:
+    gpu, model = catalog.gpu("rtx-4090"), catalog.model(LLAMA7)
+    sims = [ReplicaSimulator(ReplicaSpec(model, gpu)), ReplicaSimulator(ReplicaSpec(model, gpu))]
+    loads = [_requests(200, 3.0, 3), _requests(200, 3.0, 4)]
+    costs = {"relay_cpu_s": 0.002, "score_cpu_s": 0.05}
+    _, spare = simulate_colocated(sims, loads, HostSharing(host_slots=3, **costs))
+    _, full = simulate_colocated(sims, loads, HostSharing(host_slots=2, **costs))
+    assert spare == pytest.approx([1.0, 1.0])
+    assert np.all(full > 1.01)
 
 
 def test_a_slowed_run_is_the_run_of_a_device_that_slow(catalog: Catalog) -> None:
@@ -51,8 +85,8 @@ def test_colocated_replicas_settle_where_the_slowdowns_match_the_busy_shares(cat
     gpu, model = catalog.gpu("rtx-4090"), catalog.model(LLAMA7)
     sims = [ReplicaSimulator(ReplicaSpec(model, gpu)), ReplicaSimulator(ReplicaSpec(model, gpu))]
     loads = [_requests(300, 3.0, 1), _requests(100, 1.0, 2)]  # one span of time, one replica three times as busy
-    alone, s0 = simulate_colocated(sims, loads, 0.0)
-    shared, s = simulate_colocated(sims, loads, 0.3)
+    alone, s0 = simulate_colocated(sims, loads, HostSharing())
+    shared, s = simulate_colocated(sims, loads, HostSharing(neighbour_slowdown=0.3))
     assert np.array_equal(s0, [1.0, 1.0])
     start = min(r.arrival_s[0] for r in loads)
     end = max(float(np.nanmax(r.finish_s)) for r in shared)
