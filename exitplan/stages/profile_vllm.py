@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 
 STAGE = "profile_vllm"
 
+NEIGHBOUR_BATCHES = (1, 4)
+"""Decode batches at which the neighbour slowdown is timed (a fleet's replicas decode alone and in small batches;
+at batch 4 a step streams the same weights as at 1 with four times the work, so the two bracket what a busy
+neighbour costs)."""
+
 
 def _waves(params: Params, names: list[str]) -> list[list[str]]:
     """The models in groups this machine holds at once (cores and RAM), in order."""
@@ -68,11 +73,9 @@ def _rows_of(params: Params, names: list[str]) -> tuple[list[dict[str, Any]], fl
                 section.prefill_lengths, section.tokens, section.repeats)]
         if len(started) < 2:
             return rows, None, None
-        context, batch = min(section.contexts), min(section.batch_sizes)
-        alone = [next(r["seconds"] for r in rows if (r["model"], r["kind"], r["batch"], r["context"]) ==
-                      (name, "decode", batch, context + section.tokens // 2)) for name in names]
         replicas = [(r.url, n) for r, n in zip(started, names, strict=True)]
-        slowdown = neighbour_slowdown(replicas, alone, batch, context, section.tokens, section.repeats)
+        slowdown = neighbour_slowdown(replicas, NEIGHBOUR_BATCHES, min(section.contexts), section.tokens,
+                                      section.repeats)
         cost = measure_coordinator_cost(params, replicas, _prompts(params), 4 * section.tokens,
                                         params.path(".cache") / STAGE / "coordinator")
         return rows, slowdown, cost

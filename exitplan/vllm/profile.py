@@ -11,9 +11,10 @@ its passes are timed from outside, where its own streaming shows them:
   over the steps). The warm-up and the repeats of a point send the same prompts: vLLM's prefix cache then holds
   their KV, so only the warm-up pays the ``b x c`` prefill tokens (two thirds of the stage's time when every run
   paid them) and a decode step reads the same context either way.
-- **beside busy neighbours** (:func:`neighbour_slowdown`): the decode step at batch 1 again, while every other
-  replica of the host decodes a stream of its own; over the step alone, it is what a replica loses to its neighbours
-  (the memory system and the cores their API servers share), which the simulator applies to co-located replicas.
+- **beside busy neighbours** (:func:`neighbour_slowdown`): the decode step at two batch sizes, alone and while every
+  other replica of the host decodes a stream of its own, in turn; beside over alone, it is what a replica loses to its
+  neighbours (the memory system and the cores their API servers share), which the simulator applies to co-located
+  replicas.
 - **prefill** of ``n`` tokens: a single request of ``n`` prompt tokens and one output token, timed whole, minus
   nothing (the HTTP round trip, a millisecond here, goes into the fitted per-step overhead).
 
@@ -96,30 +97,34 @@ async def decode_step_beside(url: str, model: str, prompts: Sequence[list[int]],
     return batch_step_seconds(streams)
 
 
-def neighbour_slowdown(replicas: Sequence[tuple[str, str]], alone: Sequence[float], batch: int, context: int,
-                       tokens: int, repeats: int, seed: int = 1) -> float:
-    """The share by which a replica's decode step (``batch`` x ``context``) takes longer per neighbour that decodes
-    at the same time: each replica timed while all the others decode, over its time ``alone``; the mean over the
-    replicas, per neighbour, never below 0 (the catalog's ``Gpu.neighbour_slowdown``).
+def neighbour_slowdown(replicas: Sequence[tuple[str, str]], batches: Sequence[int], context: int, tokens: int,
+                       repeats: int, seed: int = 1) -> float:
+    """The share by which a replica's decode step takes longer per neighbour that decodes at the same time: each
+    replica timed at each of ``batches`` alone (the others standing by) and beside the others decoding, the two in
+    turn in every repeat so that the machine's own drift between them cancels; the ratio of the two medians, meaned
+    over the replicas and batches, per neighbour, never below 0 (the catalog's ``Gpu.neighbour_slowdown``).
 
     Args:
         replicas: ``(url, model)`` of every replica on this host (two or more).
-        alone: Each replica's decode step at ``batch`` and ``context`` with the others standing by (seconds).
-        batch: Streams of the timed batch.
+        batches: Streams of the timed batches (a replica in a fleet decodes alone and in batches).
         context: Prompt tokens of every stream.
         tokens: Tokens each timed stream decodes.
-        repeats: Timed runs per replica (median taken), after one warm-up.
+        repeats: Timed pairs per replica and batch (medians taken), after one warm-up pair.
         seed: Seed of the synthetic prompts.
     """
-    if len(replicas) < 2 or len(alone) != len(replicas):
-        raise ExitplanError("the neighbour slowdown needs two or more replicas and a lone step time of each")
+    if len(replicas) < 2 or not batches:
+        raise ExitplanError("the neighbour slowdown needs two or more replicas and a batch size to time")
     rng = np.random.default_rng(seed)
     ratios = []
     for i, (url, model) in enumerate(replicas):
-        prompts = [_prompt(rng, context) for _ in range(batch)]
-        others = [(u, m, _prompt(rng, context)) for j, (u, m) in enumerate(replicas) if j != i]
-        times = [asyncio.run(decode_step_beside(url, model, prompts, tokens, others)) for _ in range(repeats + 1)]
-        ratios.append(statistics.median(times[1:]) / alone[i])
+        for batch in batches:
+            prompts = [_prompt(rng, context) for _ in range(batch)]
+            others = [(u, m, _prompt(rng, context)) for j, (u, m) in enumerate(replicas) if j != i]
+            alone, beside = [], []
+            for _ in range(repeats + 1):
+                alone.append(asyncio.run(decode_step(url, model, prompts, tokens)))
+                beside.append(asyncio.run(decode_step_beside(url, model, prompts, tokens, others)))
+            ratios.append(statistics.median(beside[1:]) / statistics.median(alone[1:]))
     return max(0.0, (statistics.fmean(ratios) - 1) / (len(replicas) - 1))
 
 
