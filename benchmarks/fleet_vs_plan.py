@@ -243,16 +243,18 @@ def cpu_meter(fleet) -> CpuMeter:
     return CpuMeter({**names, "client": os.getpid()})
 
 
-def measure_point(params, fleet, plan_dir: Path, frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+def measure_point(params, fleet, plan_dir: Path, frame: pd.DataFrame,
+                  meter: CpuMeter) -> tuple[pd.DataFrame, dict, dict[str, float]]:
     """Replay ``frame`` through the fleet's coordinator: per request what the client saw (with each prompt's scoring
-    time and its wait in the scorer's queue), and the coordinator's own statistics."""
+    time and its wait in the scorer's queue), the coordinator's own statistics, and each process's share of a core
+    over the replay."""
     # timed beside the standing-by replicas, as profile_vllm times each replica beside the others
     frame["score_s"] = routing_seconds(params, plan_dir / ROUTER_FILE, frame["prompt"].tolist())
-    results = asyncio.run(replay(fleet.coordinator_url, params.deploy.fleet_name, frame))
+    results, cpu = meter.around(lambda: asyncio.run(replay(fleet.coordinator_url, params.deploy.fleet_name, frame)))
     stats = httpx.get(f"{fleet.coordinator_url}/stats", timeout=30).json()
     measured = pd.concat([frame[["prompt_len", "max_tokens", "score_s"]], pd.DataFrame(results)], axis=1)
     measured["route_s"] = scorer_queue(measured["sent_s"].to_numpy(float), measured["score_s"].to_numpy(float))
-    return measured, stats
+    return measured, stats, cpu
 
 
 def main() -> None:
@@ -281,8 +283,8 @@ def main() -> None:
     try:
         for point, qps in enumerate(loads):
             frame = trace(params, count, qps, cap, point)
-            ((measured, stats), cpu), drift, (before, after) = prober.around(lambda f=frame: meter.around(
-                lambda: measure_point(params, fleet, plan_dir, f)))
+            (measured, stats, cpu), drift, (before, after) = prober.around(lambda f=frame: measure_point(
+                params, fleet, plan_dir, f, meter))
             predicted = predict(catalog, measured, device, "raw", plan_layers(plan))
             predicted = predict(catalog, predicted, prober.corrected(drift), "cor", plan_layers(plan)).rename(
                 columns={"model": "who"})
@@ -293,8 +295,8 @@ def main() -> None:
                   f"x{after.prefill:.3f}/x{after.decode:.3f} (prefill/decode); coordinator own time P95 "
                   f"{stats['overhead_ms_p95']:.1f} ms; routed {predicted['who'].value_counts().to_dict()}; "
                   f"{(predicted['events'] < predicted['tokens']).mean():.0%} of streams sent fewer events than tokens "
-                  f"({predicted['events'].sum()} events, {predicted['tokens'].sum()} tokens); cores used "
-                  f"{', '.join(f'{k} {v:.2f}' for k, v in cpu.items())}", flush=True)
+                  f"({predicted['events'].sum()} events, {predicted['tokens'].sum()} tokens); cores used over the "
+                  f"replay {', '.join(f'{k} {v:.2f}' for k, v in cpu.items())}", flush=True)
     finally:
         fleet.stop()
     table = pd.concat(tables, ignore_index=True)
