@@ -193,6 +193,26 @@ def predict(catalog, frame: pd.DataFrame, device, prefix: str, layers: Mapping[s
     return out
 
 
+SHARING_TERMS = {"neighbours and coordinator (the model)": {},
+                 "coordinator only (neighbour_slowdown 0)": {"neighbour_slowdown": 0.0},
+                 "neighbours only (no coordinator)": {"host_slots": 0},
+                 "replicas as if alone": {"neighbour_slowdown": 0.0, "host_slots": 0}}
+"""The co-location model's terms, each switched off in turn on the same measured requests (what each contributes)."""
+
+
+def terms_table(catalog, frames: list[pd.DataFrame], device, layers: Mapping[str, int | None]) -> None:
+    """The raw median and max error over every cell of the measured points, predicted again with each of
+    :data:`SHARING_TERMS` (the simulator only: seconds)."""
+    print("co-location terms on the same requests (raw errors over every cell):")
+    for name, update in SHARING_TERMS.items():
+        gpu = device.gpu.model_copy(update=update)
+        variant = device.model_copy(update={"gpu": gpu})
+        again = [predict(catalog, f.rename(columns={"who": "model"}), variant, "raw", layers) for f in frames]
+        table = pd.concat([cells(a.assign(cor_ttft=a["raw_ttft"], cor_tpot=a["raw_tpot"], cor_e2e=a["raw_e2e"])
+                                 .rename(columns={"model": "who"}), float(a["qps"].iloc[0])) for a in again])
+        print(f"  {name:<42} median {table['raw_err'].median():6.1%}  max {table['raw_err'].max():6.1%}")
+
+
 def planned_p95(catalog, device, plan, params, count: int, cap: int) -> Callable[[float], float]:
     """The simulator's P95 of all requests at a load, before anything is measured: the sweep's first trace, each
     request sent to a model drawn by the plan's fractions (seeded), no routing time."""
@@ -301,6 +321,7 @@ def main() -> None:
         fleet.stop()
     table = pd.concat(tables, ignore_index=True)
     print_table(table)
+    terms_table(catalog, frames, device, plan_layers(plan))
     print(f"requests: {save_requests(frames, 'fleet_vs_plan')}")
     print(f"plot: {plot(table, 'fleet_vs_plan', f'{scenario.name} on vLLM CPU replicas', ['all'])}")
     assert at_plan is not None
