@@ -260,7 +260,7 @@ def cpu_meter(fleet) -> CpuMeter:
         port = args[args.index("--port") + 1] if "--port" in args else "?"
         model = next((m for u, m in by_url.items() if u.endswith(f":{port}")), None)
         names[f"{model}:{port}" if model else "coordinator"] = proc.pid
-    return CpuMeter({**names, "client": os.getpid()})
+    return CpuMeter(names, {"client": os.getpid()})
 
 
 def measure_point(params, fleet, plan_dir: Path, frame: pd.DataFrame,

@@ -67,16 +67,20 @@ class CpuMeter:
     CPU went, the figure that tells the replicas' own work from what runs beside them."""
 
     pids: dict[str, int]
-    """Name -> process id (a replica's leader, the coordinator, this client)."""
+    """Name -> process id (a replica's leader, with its engine processes; the coordinator)."""
+
+    own: dict[str, int] = field(default_factory=dict)
+    """Name -> process id counted without its children (this client: the fleet's processes are its children)."""
 
     def _seconds(self) -> dict[str, float]:
         import psutil
 
         out = {}
-        for name, pid in self.pids.items():
+        for name, pid in [*self.pids.items(), *self.own.items()]:
             try:
                 root = psutil.Process(pid)
-                out[name] = sum(sum(p.cpu_times()[:2]) for p in [root, *root.children(recursive=True)])
+                family = [root] if name in self.own else [root, *root.children(recursive=True)]
+                out[name] = sum(sum(p.cpu_times()[:2]) for p in family)
             except psutil.Error:
                 out[name] = float("nan")
         return out
@@ -86,7 +90,7 @@ class CpuMeter:
         before, began = self._seconds(), time.perf_counter()
         result = measure()
         wall, after = time.perf_counter() - began, self._seconds()
-        return result, {name: (after[name] - before[name]) / wall for name in self.pids}
+        return result, {name: (after[name] - before[name]) / wall for name in after}
 
 
 def geometric_loads(light: float, heavy: float, count: int) -> list[float]:
