@@ -286,8 +286,9 @@ def _start_engine_servers(params: Params, local: list[str], fleet: LocalFleet) -
 
 
 def plan_replica_counts(plan: Plan, models: list[str]) -> dict[str, int]:
-    """Replicas the plan gives each of ``models`` (its DP ranks over all groups; at least one)."""
-    return {m.model: m.replicas for m in plan.models if m.model in models}
+    """Replicas the plan gives each of ``models`` that it routes a share to (its DP ranks over all groups; at least
+    one); a model with no share gets none (a replica of it would take a core from one the plan does load)."""
+    return {m.model: m.replicas for m in plan.models if m.model in models and m.serves}
 
 
 def partial_path(params: Params, model: str, layers: int) -> Path:

@@ -52,6 +52,10 @@ def test_replicas_follow_the_plan_and_every_model_comes_first() -> None:
     counts = plan_replica_counts(plan, ["a", "b"])
     assert counts == {"a": 3, "b": 1}
     assert replica_order(counts) == ["a", "b", "a", "a"]  # a machine holding two keeps both models
+    # a model the plan routes nothing to gets no replica, even with groups: two of "a" start on two cores
+    only_a = plan_of([{"model": "a", "fraction": 1.0, "groups": [{"dp": 2}]},
+                      {"model": "b", "fraction": 0.0, "groups": [{"dp": 1}]}])
+    assert replica_order(plan_replica_counts(only_a, ["a", "b"]))[:2] == ["a", "a"]
 
 
 def test_stop_kills_a_replica_whose_shutdown_hangs_and_what_it_started(tmp_path) -> None:
