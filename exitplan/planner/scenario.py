@@ -220,7 +220,8 @@ def scenario_problem(section: PlanParams, scenario: PlanScenario, db: Any, catal
     from exitplan.planner.build import problem_from
 
     prices = {g: catalog.gpu(g).price_per_hour for g in scenario.gpus}
-    shared = {g: HostSharing.of(catalog.gpu(g)) for g in scenario.gpus if HostSharing.of(catalog.gpu(g)).shared}
+    sharing = {g: HostSharing.of(catalog.gpu(g)) for g in scenario.gpus}
+    shared = {g: host for g, host in sharing.items() if host.shared}
     depths, quality = (scenario_depths(scenario, db, catalog, routing, agreement or {}) if scenario.depths
                        else (None, None))
     return problem_from(db, prices, scenario.gpus, scenario.models, routing.quality, scenario.load_qps,

@@ -60,8 +60,9 @@ class HostSharing:
 
     @property
     def shared(self) -> bool:
-        """Whether replicas of this device can slow each other at all."""
-        return self.neighbour_slowdown > 0 or (self.host_slots > 0 and self.relay_cpu_s + self.score_cpu_s > 0)
+        """Whether replicas of this device can slow each other at all (at two replicas, or as many as fill the
+        host)."""
+        return self.slows(max(2, self.host_slots))
 
     def slows(self, replicas: int) -> bool:
         """Whether ``replicas`` of this device on one host slow one another (neighbours, or the coordinator)."""

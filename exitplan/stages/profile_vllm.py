@@ -114,9 +114,10 @@ def main(params: Params) -> dict[str, Any]:
     measured = [s for _, s, _ in waves if s is not None]
     slowdown = statistics.fmean(measured) if measured else 0.0  # one replica at a time: no neighbour measured
     costs = [c for _, _, c in waves if c is not None]  # the coordinator's, where two models were up together
-    host = {"neighbour_slowdown": slowdown, "host_slots": vllm_replica.slots(params) if costs else 0,
-            "relay_cpu_s": statistics.fmean(c.relay_cpu_s for c in costs) if costs else 0.0,
-            "score_cpu_s": statistics.fmean(c.score_cpu_s for c in costs) if costs else 0.0}
+    host: dict[str, float] = {"neighbour_slowdown": slowdown, "host_slots": 0, "relay_cpu_s": 0.0, "score_cpu_s": 0.0}
+    if costs:
+        host.update(host_slots=vllm_replica.slots(params), relay_cpu_s=statistics.fmean(c.relay_cpu_s for c in costs),
+                    score_cpu_s=statistics.fmean(c.score_cpu_s for c in costs))
     dtype = replica_dtype(params)  # float32 on a CPU without bfloat16 kernels
     size = DTYPE_BYTES[dtype]
     catalog = load_catalog(params.path(params.catalog))
