@@ -13,6 +13,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from exitplan.ports import free_port  # noqa: E402 F401 (the benchmarks' servers' ports, re-exported)
+
 
 def start(doc: str, extra: dict[str, dict[str, Any]] | None = None) -> tuple[argparse.Namespace, Any]:
     """Parse ``--quick`` (and ``extra`` options: flag -> add_argument keywords), set torch to one thread, and load
@@ -31,10 +33,3 @@ def start(doc: str, extra: dict[str, dict[str, Any]] | None = None) -> tuple[arg
     return args, load_params(REPO_ROOT / "params.yaml")
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (for the servers a benchmark starts)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -17,6 +17,7 @@ from exitplan.config import Params
 from exitplan.errors import InfraError
 from exitplan.infra import postgres
 from exitplan.infra.processes import http_ok, running_pid, start, stop, wait_until
+from exitplan.ports import port_is_free
 
 PREFECT_SERVER, MLFLOW_SERVER, WORKER = "prefect-server", "mlflow-server", "worker"
 """The services started as processes (PostgreSQL is started by ``pg_ctl``, which keeps its own pid file)."""
@@ -78,18 +79,8 @@ def _program(name: str) -> str:
     return str(Path(sys.executable).with_name(name))
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _require_free(port: int, what: str, knob: str) -> None:
-    if not _free(port):
+    if not port_is_free(port):
         raise InfraError(f"port {port} on 127.0.0.1 is taken, so the {what} cannot listen there: stop what holds "
                          f"it or set infra.{knob}")
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ from exitplan.atomic import write_json
 from exitplan.config import Params
 from exitplan.errors import ExitplanError
 from exitplan.files import read_json
+from exitplan.ports import free_port
 from exitplan.routing.router_file import FORMAT
 
 STREAMS = 4
@@ -44,12 +44,6 @@ class CoordinatorCost:
 
     relay_cpu_s: float
     score_cpu_s: float
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def fleet_file(params: Params, replicas: Sequence[tuple[str, str]], workdir: Path) -> Path:
@@ -117,7 +111,7 @@ def measure_coordinator_cost(params: Params, replicas: Sequence[tuple[str, str]]
 
     if len({m for _, m in replicas}) < 2 or not prompts:
         raise ExitplanError("the coordinator's cost needs replicas of two models and prompts to route")
-    port, key = _free_port(), os.environ.get(params.deploy.api_key_env)
+    port, key = free_port(), os.environ.get(params.deploy.api_key_env)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     cmd = [sys.executable, "-m", "serving.coordinator_server", "--fleet", str(fleet_file(params, replicas, workdir)),
            "--host", "127.0.0.1", "--port", str(port), "--api-key-env", params.deploy.api_key_env]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 import numpy as np
@@ -13,6 +12,7 @@ from exitplan import fanout
 from exitplan.catalog import Catalog
 from exitplan.config import DaskParams, EngineParams
 from exitplan.errors import PipelineError
+from exitplan.ports import free_port
 from exitplan.simulator.perf_db import build_perf_db
 
 
@@ -38,9 +38,7 @@ def test_a_local_cluster_runs_jobs_in_worker_processes_and_keeps_job_order() -> 
 
 
 def test_an_unreachable_scheduler_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     monkeypatch.setattr(fanout, "CONNECT_TIMEOUT_S", 1)
     with pytest.raises(PipelineError, match=f"tcp://127.0.0.1:{port}"):
         fanout.sweep(_pid_after, [0.0], DaskParams(scheduler_address=f"tcp://127.0.0.1:{port}"))

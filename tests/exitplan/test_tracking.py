@@ -3,7 +3,6 @@ their artifact folder."""
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 
@@ -11,13 +10,12 @@ import pytest
 
 from exitplan.config import TrackingParams
 from exitplan.errors import TrackingError
+from exitplan.ports import free_port
 from exitplan.tracking import is_server, log_stage_run
 
 
 def test_a_tracking_server_that_is_down_fails_fast_and_is_named(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     settings = TrackingParams(tracking_uri=f"http://127.0.0.1:{port}")
     started = time.monotonic()
     with pytest.raises(TrackingError, match=f"http://127.0.0.1:{port}"):

@@ -16,6 +16,7 @@ from exitplan.errors import PipelineError
 from exitplan.gate_report import read_gate_report
 from exitplan.pipeline import dvc_executable, repro, stage_graph, stage_names
 from exitplan.planner.plan_file import read_plan
+from exitplan.ports import free_port
 from exitplan.profiling.candidates import read_selection
 from exitplan.profiling.device_file import read_device
 from exitplan.runtime import SOLO_STAGES
@@ -68,16 +69,8 @@ def _small_params(repo: Path) -> dict:
     tree["gates"].update(requests=2, max_prompt_tokens=32, max_new_tokens=6, gsm8k_queries=1, gsm8k_max_new_tokens=8,
                          min_perf_db_rows=4)
     tree["reprofile"].update(min_requests=4, alpha=0.05)
-    tree["deploy"].update(base_port=_free_port(), coordinator_port=_free_port(), local_kv_gib=0.5)
+    tree["deploy"].update(base_port=free_port(), coordinator_port=free_port(), local_kv_gib=0.5)
     return tree
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _user_labels(path: Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -17,14 +16,9 @@ import pytest
 import yaml
 
 from exitplan import REPO_ROOT
+from exitplan.ports import free_port  # noqa: F401 (the tests' import point)
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_in_thread(app, port: int | None = None, grace_s: int = 20, ready: tuple[int, ...] = (200, 503)):

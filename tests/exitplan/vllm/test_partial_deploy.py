@@ -3,7 +3,6 @@ the truncated checkpoint of the chosen depth, answering through the coordinator.
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import httpx
@@ -14,6 +13,7 @@ from plan_factory import plan_of
 from exitplan import REPO_ROOT
 from exitplan.config import load_params
 from exitplan.deploy import partial_path, render, start_local
+from exitplan.ports import free_port
 from exitplan.routing.router_file import RoutingModel, dump_router
 from exitplan.routing.scores import EmbeddingScorer
 from exitplan.vllm.truncate import truncate
@@ -23,12 +23,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 LARGE = "meta-llama/Llama-2-7b-hf"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_partial_replica_deployed_locally_answers_through_the_coordinator(smollm2_checkpoint: Path,
@@ -43,8 +37,8 @@ def test_a_partial_replica_deployed_locally_answers_through_the_coordinator(smol
         "fetch_models": base.fetch_models.model_copy(update={"checkpoint_dir": str(fetched)}),
         "partial_checkpoints": base.partial_checkpoints.model_copy(update={"output_dir": str(tmp_path / "cuts")}),
         "vllm": base.vllm.model_copy(update={"kv_cache_gib": 1, "max_model_len": 1024}),
-        "deploy": base.deploy.model_copy(update={"backend": "vllm", "base_port": _port(),
-                                                 "coordinator_port": _port()})})
+        "deploy": base.deploy.model_copy(update={"backend": "vllm", "base_port": free_port(),
+                                                 "coordinator_port": free_port()})})
     cut = truncate(smollm2_checkpoint, partial_path(params, SMOLLM2, 15), 15, dtype="bfloat16")
     plan = plan_of([{"model": SMOLLM2, "fraction": 1.0, "full_layers": 30, "quality_source": "test",
                      "groups": [{"gpu": "rtx-4090", "dp": 1, "layers": 15}]},
