@@ -182,7 +182,7 @@ def predict(catalog, frame: pd.DataFrame, device, prefix: str, layers: Mapping[s
     request_sets = [RequestSet(rows["at_s"].to_numpy(float), rows["prompt_len"].to_numpy(np.int64),
                                rows["tokens"].clip(lower=1).to_numpy(np.int64)) for _, rows in groups]
     sims = [replica_simulator(device, catalog.llm(model), layers.get(model)) for model, _ in groups]
-    results, _ = simulate_colocated(sims, request_sets, HostSharing.of(device.gpu))
+    results, _ = simulate_colocated(sims, request_sets, HostSharing.of(device.gpu), [model for model, _ in groups])
     for (_, rows), requests, result in zip(groups, request_sets, results, strict=True):
         ttft = result.first_token_s - requests.arrival_s + rows["route_s"].to_numpy(float)
         e2e = result.finish_s - requests.arrival_s + rows["route_s"].to_numpy(float)
@@ -193,10 +193,12 @@ def predict(catalog, frame: pd.DataFrame, device, prefix: str, layers: Mapping[s
     return out
 
 
+NO_NEIGHBOURS = {"neighbour_slowdown": 0.0, "model_slowdowns": {}}
 SHARING_TERMS = {"neighbours and coordinator (the model)": {},
-                 "coordinator only (neighbour_slowdown 0)": {"neighbour_slowdown": 0.0},
+                 "neighbours as one device-wide figure": {"model_slowdowns": {}},
+                 "coordinator only (neighbour_slowdown 0)": NO_NEIGHBOURS,
                  "neighbours only (no coordinator)": {"host_slots": 0},
-                 "replicas as if alone": {"neighbour_slowdown": 0.0, "host_slots": 0}}
+                 "replicas as if alone": {**NO_NEIGHBOURS, "host_slots": 0}}
 """The co-location model's terms, each switched off in turn on the same measured requests (what each contributes)."""
 
 

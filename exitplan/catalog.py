@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
@@ -107,6 +107,12 @@ class Gpu(StrictModel):
     its memory system, and the cores that their API servers, the coordinator and the clients also run on.
     ``profile_vllm`` measures it: a replica's decode step while every other replica decodes, over the same step
     alone (:mod:`exitplan.simulator.colocation` applies it)."""
+
+    model_slowdowns: dict[str, Annotated[float, Field(ge=0, le=10)]] = Field(default_factory=dict)
+    """Model -> its replicas' own ``neighbour_slowdown``, where ``profile_vllm`` measured that model apart: what a
+    replica loses beside busy neighbours depends on which one it is (a small model, its step short, loses more to a
+    neighbour streaming three times its weights than that neighbour loses to it); a model not named here takes
+    ``neighbour_slowdown``, the mean over the models measured."""
 
     host_slots: int = Field(default=0, ge=0, le=1024)
     """Replicas of this device one host runs at once when they take all its cores (a CPU device: its cores over a

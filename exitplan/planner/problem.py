@@ -246,12 +246,14 @@ class PlanProblem:
         loaded = [(self.candidates[m][k], f * self.load, self.curves[m], m)
                   for m, k, f in zip(self.models, choice, fractions, strict=True) if f >= MIN_SHARE]
         gpus = np.asarray([g.gpu for cand, _, _, _ in loaded for g in cand.groups for _ in range(g.dp)])
-        tokens = np.asarray([self.tokens_per_request.get(m, 0.0) for cand, _, _, m in loaded for g in cand.groups
-                             for _ in range(g.dp)])
+        names = [m for cand, _, _, m in loaded for g in cand.groups for _ in range(g.dp)]
+        tokens = np.asarray([self.tokens_per_request.get(m, 0.0) for m in names])
         hosts = {g: self.sharing[g] for g in set(gpus.tolist()) if g in self.sharing
                  and self.sharing[g].slows(int(np.sum(gpus == g)))}
         if not hosts:
             return None
+        own = {g: host.slowdown_of([n for n, at in zip(names, gpus, strict=True) if at == g])
+               for g, host in hosts.items()}  # each replica's neighbour slowdown, by its model
         curves = [cand.replica_curves(c) for cand, _, c, _ in loaded]
         flat, edges = [c for cs in curves for c in cs], np.cumsum([0, *map(len, curves)])
 
@@ -266,7 +268,7 @@ class PlanProblem:
             for g, host in hosts.items():
                 mine = gpus == g
                 stolen = stolen_shares(busy[mine], loads[mine] * tokens[mine], self.load, host)
-                new[mine] = slowdowns(busy[mine], host.neighbour_slowdown, stolen)
+                new[mine] = slowdowns(busy[mine], own[g], stolen)
             return new
 
         return [latency for _, latency in split(fixed_point(update, len(gpus)))]

@@ -1,8 +1,9 @@
-"""Replicas that share one host: each neighbour busy beside a replica slows its steps by the device's
-``neighbour_slowdown`` (``c``), and where the replicas fill the host's cores (``host_slots`` of them), the fleet's
-coordinator takes its CPU from theirs while they are all busy.
+"""Replicas that share one host: each neighbour busy beside a replica slows its steps by its model's neighbour
+slowdown on the device (``c_r``: ``model_slowdowns``, else the device's ``neighbour_slowdown``), and where the
+replicas fill the host's cores (``host_slots`` of them), the fleet's coordinator takes its CPU from theirs while they
+are all busy.
 
-Mean field: replica ``r``'s steps take ``s_r = (1 + c * sum_{j != r} u_j) / (1 - t_r)`` times as long, ``u_j`` being
+Mean field: replica ``r``'s steps take ``s_r = (1 + c_r * sum_{j != r} u_j) / (1 - t_r)`` times as long, ``u_j`` being
 the share of the time replica ``j`` is busy and ``t_r`` the share of ``r``'s busy time the coordinator takes
 (:func:`stolen_shares`: its relaying of ``j``'s tokens finds no idle core when every other replica is busy too,
 probability ``prod_{k != j} u_k``; its scoring of a prompt when all are, ``prod_k u_k``; what it takes is spread
@@ -46,17 +47,26 @@ class HostSharing:
         host_slots: Replicas that fill the host's cores (0: the coordinator has CPUs of its own).
         relay_cpu_s: Coordinator CPU seconds per streamed token.
         score_cpu_s: Coordinator CPU seconds per routed request.
+        model_slowdowns: ``(model, c)`` of the models measured apart (others take ``neighbour_slowdown``).
     """
 
     neighbour_slowdown: float = 0.0
     host_slots: int = 0
     relay_cpu_s: float = 0.0
     score_cpu_s: float = 0.0
+    model_slowdowns: tuple[tuple[str, float], ...] = ()
 
     @classmethod
     def of(cls, gpu: Gpu) -> HostSharing:
         """The device's sharing as the catalog entry records it."""
-        return cls(gpu.neighbour_slowdown, gpu.host_slots, gpu.relay_cpu_s, gpu.score_cpu_s)
+        return cls(gpu.neighbour_slowdown, gpu.host_slots, gpu.relay_cpu_s, gpu.score_cpu_s,
+                   tuple(sorted(gpu.model_slowdowns.items())))
+
+    def slowdown_of(self, models: Sequence[str | None]) -> np.ndarray:
+        """``c`` of each replica, by its model (``None``: not known, the device's figure)."""
+        own = dict(self.model_slowdowns)
+        return np.asarray([own.get(m, self.neighbour_slowdown) if m is not None else self.neighbour_slowdown
+                           for m in models], float)
 
     @property
     def shared(self) -> bool:
@@ -66,7 +76,8 @@ class HostSharing:
 
     def slows(self, replicas: int) -> bool:
         """Whether ``replicas`` of this device on one host slow one another (neighbours, or the coordinator)."""
-        return (self.neighbour_slowdown > 0 and replicas >= 2) or (
+        neighbours = self.neighbour_slowdown > 0 or any(c > 0 for _, c in self.model_slowdowns)
+        return (neighbours and replicas >= 2) or (
             self.fills(replicas) and self.relay_cpu_s + self.score_cpu_s > 0)
 
     def fills(self, replicas: int) -> bool:
@@ -128,10 +139,16 @@ def run_slowed(sim: ReplicaSimulator, requests: RequestSet, slowdown: float) -> 
                    busy_s=fast.busy_s * slowdown)
 
 
-def simulate_colocated(sims: Sequence[ReplicaSimulator], requests: Sequence[RequestSet],
-                       sharing: HostSharing) -> tuple[list[ReplicaResult], np.ndarray]:
+def simulate_colocated(sims: Sequence[ReplicaSimulator], requests: Sequence[RequestSet], sharing: HostSharing,
+                       models: Sequence[str | None] | None = None) -> tuple[list[ReplicaResult], np.ndarray]:
     """Replicas of one host, each serving its own requests, slowed by their neighbours' busy shares and the
     coordinator's work over the whole run (first arrival to last finish of any).
+
+    Args:
+        sims: Each replica's simulator.
+        requests: The requests each serves.
+        sharing: How the device's replicas share the host.
+        models: Each replica's model (its own neighbour slowdown); none: the device's for all.
 
     Returns:
         Each replica's result and its slowdown.
@@ -148,9 +165,9 @@ def simulate_colocated(sims: Sequence[ReplicaSimulator], requests: Sequence[Requ
         busy = np.asarray([res.busy_s / span for res in results])
         tokens = np.asarray([float(np.sum(res.requests.output_len[np.isfinite(res.finish_s)])) / span
                              for res in results])
-        return slowdowns(busy, sharing.neighbour_slowdown,
-                         stolen_shares(busy, tokens, request_count / span, sharing))
+        return slowdowns(busy, own, stolen_shares(busy, tokens, request_count / span, sharing))
 
+    own = sharing.slowdown_of(models if models is not None else [None] * len(sims))
     s = np.ones(len(sims))
     if sharing.slows(len(sims)):
         s = fixed_point(update, len(sims))

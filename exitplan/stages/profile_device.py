@@ -65,7 +65,7 @@ def main(params: Params) -> dict[str, Any]:
 
 def fit_and_write(rows: list[dict[str, Any]], models: dict[str, Any], device_id: str, memory_gib: float,
                   price_per_hour: float, out: Path, probe: Probe, engine: ReplicaKnobs | None = None,
-                  host: Mapping[str, float] | None = None) -> dict[str, Any]:
+                  host: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Fit the device to the measured ``rows``, add each row's prediction, and write ``steps.parquet`` and
     ``device.yaml`` (the entry with how its replicas share a host as measured, ``host``'s fields, its overheads, the
     reference ``probe`` taken after the profiling and the replicas' ``engine`` knobs) into ``out``; returns the fit's

@@ -4,7 +4,8 @@ Each model of ``profile_vllm.models`` is served by a vLLM CPU replica started ex
 (:mod:`exitplan.vllm.replica`: the rendered flags, its own pinned core, the ``vllm`` section's KV cache); the replicas
 start together, as many as the machine holds (their compiles overlap), and each is timed through its API
 (:mod:`exitplan.vllm.profile`) while the others stand by, as they do beside it in a deployment, then once more while
-the others decode (the device's ``neighbour_slowdown``: what co-located replicas cost each other), and the
+the others decode (each model's ``model_slowdowns``, their mean the device's ``neighbour_slowdown``: what co-located
+replicas cost each other), and the
 fleet's coordinator is started in front of them to read its CPU per relayed token and per routed workload prompt
 (:mod:`exitplan.vllm.coordinator_cost`: on a host the replicas fill, the coordinator's work is taken from theirs).
 The points are fitted like ``profile_device``'s, giving the catalog entry ``device_id`` and vLLM's per-step and
@@ -46,14 +47,15 @@ def _waves(params: Params, names: list[str]) -> list[list[str]]:
     return waves
 
 
-def _rows_of(params: Params, names: list[str]) -> tuple[list[dict[str, Any]], float | None, CoordinatorCost | None]:
+def _rows_of(params: Params, names: list[str]) -> tuple[list[dict[str, Any]], dict[str, float],
+                                                         CoordinatorCost | None]:
     """Serve ``names`` on vLLM replicas started together (each on its own cores, as a deployment starts them, so
     their compiles overlap), time each in turn while the others stand by, then each beside the others busy, then
-    the coordinator in front of them; stop them all. Returns the rows, the neighbour slowdown and the coordinator's
-    cost (none with one replica)."""
+    the coordinator in front of them; stop them all. Returns the rows, each model's neighbour slowdown and the
+    coordinator's cost (neither with one replica)."""
     from exitplan.vllm import replica as vllm_replica
     from exitplan.vllm.coordinator_cost import measure_coordinator_cost
-    from exitplan.vllm.profile import measure, neighbour_slowdown
+    from exitplan.vllm.profile import measure, neighbour_slowdowns
     from exitplan.vllm.truncate import read_layers
 
     section, settings = params.profile_vllm, params.vllm
@@ -72,13 +74,13 @@ def _rows_of(params: Params, names: list[str]) -> tuple[list[dict[str, Any]], fl
                 replica.url, name, read_layers(params.checkpoint_path(name)), section.batch_sizes, section.contexts,
                 section.prefill_lengths, section.tokens, section.repeats)]
         if len(started) < 2:
-            return rows, None, None
+            return rows, {}, None
         replicas = [(r.url, n) for r, n in zip(started, names, strict=True)]
-        slowdown = neighbour_slowdown(replicas, NEIGHBOUR_BATCHES, min(section.contexts), section.tokens,
-                                      section.repeats)
+        slowdowns = neighbour_slowdowns(replicas, NEIGHBOUR_BATCHES, min(section.contexts), section.tokens,
+                                        section.repeats)
         cost = measure_coordinator_cost(params, replicas, _prompts(params), 4 * section.tokens,
                                         params.path(".cache") / STAGE / "coordinator")
-        return rows, slowdown, cost
+        return rows, dict(zip(names, slowdowns, strict=True)), cost
     finally:
         for replica in started:
             vllm_replica.stop(replica.process)
@@ -111,10 +113,11 @@ def main(params: Params) -> dict[str, Any]:
     began = time.perf_counter()
     waves = [_rows_of(params, wave) for wave in _waves(params, list(section.models))]
     rows = [row for wave_rows, _, _ in waves for row in wave_rows]
-    measured = [s for _, s, _ in waves if s is not None]
-    slowdown = statistics.fmean(measured) if measured else 0.0  # one replica at a time: no neighbour measured
+    by_model = {model: s for _, measured, _ in waves for model, s in measured.items()}
+    slowdown = statistics.fmean(by_model.values()) if by_model else 0.0  # one replica at a time: none measured
     costs = [c for _, _, c in waves if c is not None]  # the coordinator's, where two models were up together
-    host: dict[str, float] = {"neighbour_slowdown": slowdown, "host_slots": 0, "relay_cpu_s": 0.0, "score_cpu_s": 0.0}
+    host: dict[str, Any] = {"neighbour_slowdown": slowdown, "model_slowdowns": by_model, "host_slots": 0,
+                            "relay_cpu_s": 0.0, "score_cpu_s": 0.0}
     if costs:
         host.update(host_slots=vllm_replica.slots(params), relay_cpu_s=statistics.fmean(c.relay_cpu_s for c in costs),
                     score_cpu_s=statistics.fmean(c.score_cpu_s for c in costs))
@@ -132,7 +135,9 @@ def main(params: Params) -> dict[str, Any]:
                       params.vllm.threads_per_replica)
     metrics = fit_and_write(rows, models, section.device_id, memory, section.price_per_hour,
                             params.path(section.output_dir), probe, engine, host)
-    metrics.update({**host, "relay_cpu_ms": host["relay_cpu_s"] * 1e3, "score_cpu_ms": host["score_cpu_s"] * 1e3})
+    metrics.update({**{k: v for k, v in host.items() if k != "model_slowdowns"},
+                    **{f"neighbour_slowdown_{m.split('/')[-1]}": s for m, s in by_model.items()},
+                    "relay_cpu_ms": host["relay_cpu_s"] * 1e3, "score_cpu_ms": host["score_cpu_s"] * 1e3})
     decode = [r for r in rows if r["kind"] == "decode"]
     shortest = min(r["context"] for r in decode)
     metrics.update({f"decode_tok_s_b{r['batch']}_{r['model'].split('/')[-1]}": r["batch"] / r["seconds"]

@@ -11,10 +11,10 @@ its passes are timed from outside, where its own streaming shows them:
   over the steps). The warm-up and the repeats of a point send the same prompts: vLLM's prefix cache then holds
   their KV, so only the warm-up pays the ``b x c`` prefill tokens (two thirds of the stage's time when every run
   paid them) and a decode step reads the same context either way.
-- **beside busy neighbours** (:func:`neighbour_slowdown`): the decode step at two batch sizes, alone and while every
+- **beside busy neighbours** (:func:`neighbour_slowdowns`): the decode step at two batch sizes, alone and while every
   other replica of the host decodes a stream of its own, in turn; beside over alone, it is what a replica loses to its
-  neighbours (the memory system and the cores their API servers share), which the simulator applies to co-located
-  replicas.
+  neighbours (the memory system and the cores their API servers share), one figure per replica, which the simulator
+  applies to co-located replicas of its model.
 - **prefill** of ``n`` tokens: a single request of ``n`` prompt tokens and one output token, timed whole, minus
   nothing (the HTTP round trip, a millisecond here, goes into the fitted per-step overhead).
 
@@ -97,12 +97,13 @@ async def decode_step_beside(url: str, model: str, prompts: Sequence[list[int]],
     return batch_step_seconds(streams)
 
 
-def neighbour_slowdown(replicas: Sequence[tuple[str, str]], batches: Sequence[int], context: int, tokens: int,
-                       repeats: int, seed: int = 1) -> float:
-    """The share by which a replica's decode step takes longer per neighbour that decodes at the same time: each
+def neighbour_slowdowns(replicas: Sequence[tuple[str, str]], batches: Sequence[int], context: int, tokens: int,
+                        repeats: int, seed: int = 1) -> list[float]:
+    """The share by which each replica's decode step takes longer per neighbour that decodes at the same time: each
     replica timed at each of ``batches`` alone (the others standing by) and beside the others decoding, the two in
     turn in every repeat so that the machine's own drift between them cancels; the ratio of the two medians, meaned
-    over the replicas and batches, per neighbour, never below 0 (the catalog's ``Gpu.neighbour_slowdown``).
+    over the batches, per neighbour, never below 0. One figure per replica, in order: what a replica loses depends
+    on which it is (the catalog's ``Gpu.model_slowdowns``; their mean is ``Gpu.neighbour_slowdown``).
 
     Args:
         replicas: ``(url, model)`` of every replica on this host (two or more).
@@ -115,8 +116,9 @@ def neighbour_slowdown(replicas: Sequence[tuple[str, str]], batches: Sequence[in
     if len(replicas) < 2 or not batches:
         raise ExitplanError("the neighbour slowdown needs two or more replicas and a batch size to time")
     rng = np.random.default_rng(seed)
-    ratios = []
+    slowdowns = []
     for i, (url, model) in enumerate(replicas):
+        ratios = []
         for batch in batches:
             prompts = [_prompt(rng, context) for _ in range(batch)]
             others = [(u, m, _prompt(rng, context)) for j, (u, m) in enumerate(replicas) if j != i]
@@ -125,7 +127,8 @@ def neighbour_slowdown(replicas: Sequence[tuple[str, str]], batches: Sequence[in
                 alone.append(asyncio.run(decode_step(url, model, prompts, tokens)))
                 beside.append(asyncio.run(decode_step_beside(url, model, prompts, tokens, others)))
             ratios.append(statistics.median(beside[1:]) / statistics.median(alone[1:]))
-    return max(0.0, (statistics.fmean(ratios) - 1) / (len(replicas) - 1))
+        slowdowns.append(max(0.0, (statistics.fmean(ratios) - 1) / (len(replicas) - 1)))
+    return slowdowns
 
 
 def batch_step_seconds(streams: Sequence[Sequence[float]]) -> float:

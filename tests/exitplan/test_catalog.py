@@ -65,6 +65,8 @@ def _load(tmp_path: Path, tree: dict) -> Catalog:
     (lambda t: t["models"][3].update(num_kv_heads=5), "num_kv_heads (5) must divide num_attention_heads (32)"),
     (lambda t: t["models"][6]["source"]["parts"][0].update(sha256="xyz"), "models.6.source.parts.0.sha256"),
     (lambda t: t["gpus"][0].update(tflops=1.0), "gpus.0.tflops: unknown key"),
+    (lambda t: t["gpus"][0].update(model_slowdowns={"m": -0.1}), "gpus.0.model_slowdowns.m: Input should be greater"),
+    (lambda t: t["gpus"][0].update(model_slowdowns={"m": float("nan")}), "gpus.0.model_slowdowns.m"),
 ])
 def test_invalid_catalogs_are_rejected_with_the_key(tmp_path: Path, mutate, message: str) -> None:
     tree = _catalog_tree()

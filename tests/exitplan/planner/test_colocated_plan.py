@@ -40,6 +40,16 @@ def test_replicas_on_one_host_meet_at_the_hand_solved_fixed_point() -> None:
     assert plan.latency > _problem({}).evaluate_plan(fractions, (0, 0)).latency == pytest.approx(3.0)
 
 
+def test_each_models_own_neighbour_slowdown_enters_its_replicas_fixed_point() -> None:
+    c_a, c_b, fractions = 0.4, 0.1, np.asarray([0.5, 0.5])  # a loses 0.4 per busy neighbour, b (measured apart) 0.1
+    a, b = c_a * 0.15, c_b * 0.2  # s_a = 1 + c_a u_b(s_b), s_b = 1 + c_b u_a(s_a), as above
+    s_a, s_b = (1 + a) / (1 - a * b), (1 + b) / (1 - a * b)
+    host = HostSharing(c_a, model_slowdowns=(("b", c_b),))  # "a" not named: the device's figure
+    got = _problem({"cpu": host}).colocated_latencies(fractions, (0, 0))
+    assert got == pytest.approx([s_a * (1.0 + 0.5 * s_a), s_b * (2.0 + 1.0 * s_b)], rel=1e-3)
+    assert got[1] < _problem({"cpu": HostSharing(c_a)}).colocated_latencies(fractions, (0, 0))[1]
+
+
 def test_replicas_on_separate_devices_are_looked_up_alone() -> None:
     problem = _problem({"cpu": HostSharing(0.4)}, gpu_b="gpu")  # one replica on the shared type: no neighbour
     assert problem.colocated_latencies(np.asarray([0.5, 0.5]), (0, 0)) is None

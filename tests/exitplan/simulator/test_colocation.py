@@ -97,6 +97,21 @@ def test_colocated_replicas_settle_where_the_slowdowns_match_the_busy_shares(cat
         assert np.nanmean(b.finish_s - b.requests.arrival_s) > np.nanmean(a.finish_s - a.requests.arrival_s)
 
 
+def test_each_replica_is_slowed_by_its_own_models_figure(catalog: Catalog) -> None:
+    gpu, model = catalog.gpu("rtx-4090"), catalog.model(LLAMA7)
+    sims = [ReplicaSimulator(ReplicaSpec(model, gpu)), ReplicaSimulator(ReplicaSpec(model, gpu))]
+    loads = [_requests(300, 3.0, 1), _requests(300, 3.0, 2)]
+    host = HostSharing(neighbour_slowdown=0.3, model_slowdowns=(("small", 0.6),))
+    shared, s = simulate_colocated(sims, loads, host, ["small", "large"])  # "large" takes the device's 0.3
+    start = min(r.arrival_s[0] for r in loads)
+    end = max(float(np.nanmax(r.finish_s)) for r in shared)
+    busy = [r.busy_s / (end - start) for r in shared]
+    assert s == pytest.approx(slowdowns(busy, [0.6, 0.3]), abs=1e-3)
+    _, same = simulate_colocated(sims, loads, host)  # no models named: the device's figure for both
+    assert s[0] > same[0] > 1.0 and s[1] == pytest.approx(same[1], rel=0.02)  # only the small one's figure moved
+    assert HostSharing(model_slowdowns=(("small", 0.2),)).slows(2)  # a model's own figure alone slows
+
+
 def test_a_slowed_curve_reads_the_curve_at_the_inflated_load() -> None:
     curve = LatencyCurve.from_points(np.asarray([1.0, 2.0, 4.0]), np.asarray([1.0, 2.0, 6.0]),
                                      busy=np.asarray([0.2, 0.4, 0.8]))

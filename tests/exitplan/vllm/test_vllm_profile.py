@@ -20,7 +20,7 @@ def test_merged_streams_are_refused_with_the_reason() -> None:
         batch_step_seconds([[0.0, 0.1, 0.2, 0.3], [5.0]])
 
 
-def test_the_neighbour_slowdown_pairs_each_lone_step_with_one_beside_the_busy_neighbours(monkeypatch) -> None:
+def test_each_replicas_neighbour_slowdown_pairs_its_lone_steps_with_ones_beside_busy_neighbours(monkeypatch) -> None:
     from exitplan.vllm import profile
 
     # the machine slows down over the run (every pair 10% slower than the one before): alone and beside move
@@ -38,8 +38,8 @@ def test_the_neighbour_slowdown_pairs_each_lone_step_with_one_beside_the_busy_ne
 
     monkeypatch.setattr(profile, "decode_step", alone)
     monkeypatch.setattr(profile, "decode_step_beside", beside)
-    got = profile.neighbour_slowdown([("a", "m"), ("b", "n")], [1, 4], 16, 8, repeats=3)
-    assert got == pytest.approx((1.2 + 1.1 + 1.0 + 1.3) / 4 - 1)  # one neighbour each
+    got = profile.neighbour_slowdowns([("a", "m"), ("b", "n")], [1, 4], 16, 8, repeats=3)
+    assert got == pytest.approx([(1.2 + 1.1) / 2 - 1, (1.0 + 1.3) / 2 - 1])  # one neighbour each, per replica
     assert calls["n"] == 2 * 2 * 4  # replicas x batches x (warm-up + 3 repeats)
     with pytest.raises(ExitplanError, match="two or more replicas"):
-        profile.neighbour_slowdown([("a", "m")], [1], 16, 8, 1)
+        profile.neighbour_slowdowns([("a", "m")], [1], 16, 8, 1)
