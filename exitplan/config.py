@@ -263,7 +263,7 @@ class BuildPerfDbParams(StrictModel):
 
     lengths_trace: str = "gsm8k-100qps"
     """Trace of ``prepare_workload.traces`` whose (prompt, output) lengths the requests are drawn from (for the
-    models ``model_lengths`` does not cover)."""
+    models ``model_lengths`` does not cover, on the catalog GPUs; the local vLLM sweep takes the workload's)."""
 
     model_lengths: str | None = "data/imported_labels/lengths.parquet"
     """Per-model (prompt, output) lengths (``import_labels``' real answer lengths): a model with rows there is
@@ -285,7 +285,8 @@ class BuildPerfDbParams(StrictModel):
     vllm_device: bool = True
     """Also sweep the vLLM replicas of this machine: ``profile_vllm``'s fitted device (``profile_vllm.device_id``)
     for the models of ``profile_vllm.models`` that are in ``models``, with the engine knobs they ran with, on
-    ``vllm_qps`` (so a scenario can plan for the vLLM fleet that runs here)."""
+    ``vllm_qps``, with the workload's own prompt and answer lengths (``queries.parquet``: what the local fleet is
+    sent), so a scenario can plan for the vLLM fleet that runs here."""
 
     vllm_qps: list[float] = Field(default_factory=lambda: [0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 0.8, 1.0],
                                   min_length=1)

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from exitplan.artifacts import perf_db_path, vllm_device_path
+from exitplan.artifacts import perf_db_path, queries_path, vllm_device_path
 from exitplan.atomic import write_atomic, write_json, write_parquet
 from exitplan.catalog import load_catalog
 from exitplan.config import Params
@@ -69,17 +69,39 @@ def plot_curves(db: Any, out_dir: Path) -> list[Path]:
     return paths
 
 
-def _vllm_rows(params: Params, lengths: tuple[Any, Any]) -> Any:
-    """The perf DB of the vLLM replicas of this machine: ``profile_vllm``'s device and engine knobs, the profiled
-    models that the perf DB covers, on ``vllm_qps``, with answers cut to ``vllm_max_output_len``."""
-    import numpy as np
+def workload_lengths(params: Params) -> tuple[Any, Any]:
+    """(prompt, answer) token counts of the workload's queries that this machine's replicas serve: the prompts the
+    local fleet is sent (``fleet_vs_plan`` and ``plan_ranking`` replay them), answers cut to
+    ``build_perf_db.vllm_max_output_len``, those too long for ``vllm.max_model_len`` left out (vLLM rejects them).
 
+    Raises:
+        WorkloadError: no queries file, or no query fits.
+    """
+    import numpy as np
+    import pandas as pd
+
+    path, cap = queries_path(params), params.build_perf_db.vllm_max_output_len
+    if not path.is_file():
+        raise WorkloadError(f"no queries at {path}: run the prepare_workload stage first")
+    queries = pd.read_parquet(path, columns=["prompt_len", "output_len"])
+    fits = queries[(queries["prompt_len"] > 0) & (queries["prompt_len"] + cap <= params.vllm.max_model_len)]
+    if fits.empty:
+        raise WorkloadError(f"no query of {path} fits vllm.max_model_len={params.vllm.max_model_len} with "
+                            f"{cap} answer tokens")
+    return fits["prompt_len"].to_numpy(), np.clip(fits["output_len"].to_numpy(), 1, cap)
+
+
+def _vllm_rows(params: Params) -> Any:
+    """The perf DB of the vLLM replicas of this machine: ``profile_vllm``'s device and engine knobs, the profiled
+    models that the perf DB covers, on ``vllm_qps``, with the workload's own lengths (:func:`workload_lengths`: a
+    plan for this fleet is a plan for the prompts it serves; GSM8K's lengths, the other models' trace, have a P95
+    prompt of about 100 tokens where the workload's is about 1,300, and a prefill of that costs seconds here)."""
     from exitplan.vllm.simulate import planning_catalog, read_vllm_device, vllm_engine
 
     section = params.build_perf_db
     device = read_vllm_device(vllm_device_path(params))
     models = [m for m in params.profile_vllm.models if m in section.models]
-    cut = (lengths[0], np.minimum(lengths[1], section.vllm_max_output_len))
+    cut = workload_lengths(params)
     return build_perf_db(planning_catalog(params), models, [device.gpu.id], vllm_engine(device), section.vllm_qps, cut,
                          section.requests_per_point, section.seed, 1, [1.0], params.dask,
                          partial_layers=section.partial_layers)
@@ -98,7 +120,7 @@ def main(params: Params) -> dict[str, Any]:
                        section.layer_fractions, params.dask, model_lengths=own,
                        partial_layers=section.partial_layers)
     if section.vllm_device:
-        db = pd.concat([db, _vllm_rows(params, lengths)], ignore_index=True)
+        db = pd.concat([db, _vllm_rows(params)], ignore_index=True)
     seconds = time.perf_counter() - started
     reports = params.path("reports") / STAGE
     write_parquet(perf_db_path(params), db)
@@ -114,6 +136,7 @@ def main(params: Params) -> dict[str, Any]:
         "saturated_share": float(db["saturated"].mean()),
         "max_sustained_qps": {f"{m}:{g}": float(q) for (m, g), q in capacity.items()},
         "lengths": {m: ("model_lengths" if m in own else f"trace {section.lengths_trace}") for m in section.models},
+        "vllm_lengths": "workload queries" if section.vllm_device else None,
     }
     report = write_json(reports / "metrics.json", metrics)
     log_stage_run(STAGE, params.tracking, params.root, section.model_dump(), metrics, [report, *plots],
