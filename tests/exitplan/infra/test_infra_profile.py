@@ -23,7 +23,6 @@ from exitplan.infra.profile import (
     MLFLOW_SERVER,
     PREFECT_SERVER,
     WORKER,
-    _free,
     deploy,
     down,
     mlflow_uri,
@@ -32,7 +31,7 @@ from exitplan.infra.profile import (
     status,
     up,
 )
-from tests.serving.conftest import free_port
+from exitplan.ports import free_port, port_is_free
 
 pytestmark = pytest.mark.integration  # minutes: `make test-all` and CI run it, `make test` does not
 
@@ -194,5 +193,5 @@ def test_down_leaves_no_process(checkout: Path, profile) -> None:
     assert set(down(params)) == {WORKER, MLFLOW_SERVER, PREFECT_SERVER, "postgres"}
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family)
     assert not any(r.running for r in status(params))
-    assert all(_free(port) for port in (params.infra.postgres_port, params.infra.prefect_port,
+    assert all(port_is_free(port) for port in (params.infra.postgres_port, params.infra.prefect_port,
                                         params.infra.mlflow_port))
