@@ -110,9 +110,9 @@ class Gpu(StrictModel):
 
     model_slowdowns: dict[str, Annotated[float, Field(ge=0, le=10)]] = Field(default_factory=dict)
     """Model -> its replicas' own ``neighbour_slowdown``, where ``profile_vllm`` measured that model apart: what a
-    replica loses beside busy neighbours depends on which one it is (a small model, its step short, loses more to a
-    neighbour streaming three times its weights than that neighbour loses to it); a model not named here takes
-    ``neighbour_slowdown``, the mean over the models measured."""
+    replica loses beside busy neighbours depends on which one it is (measured 2026-12-07: the Qwen 1.5B 0.181 per busy
+    neighbour, the 0.5B 0.069); a model not named here takes ``neighbour_slowdown``, the mean over the models
+    measured."""
 
     host_slots: int = Field(default=0, ge=0, le=1024)
     """Replicas of this device one host runs at once when they take all its cores (a CPU device: its cores over a

@@ -64,9 +64,8 @@ class HostSharing:
 
     def slowdown_of(self, models: Sequence[str | None]) -> np.ndarray:
         """``c`` of each replica, by its model (``None``: not known, the device's figure)."""
-        own = dict(self.model_slowdowns)
-        return np.asarray([own.get(m, self.neighbour_slowdown) if m is not None else self.neighbour_slowdown
-                           for m in models], float)
+        own: dict[str | None, float] = dict(self.model_slowdowns)
+        return np.asarray([own.get(m, self.neighbour_slowdown) for m in models], float)
 
     @property
     def shared(self) -> bool:

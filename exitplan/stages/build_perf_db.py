@@ -12,6 +12,7 @@ from exitplan.atomic import write_atomic, write_json, write_parquet
 from exitplan.catalog import load_catalog
 from exitplan.config import Params
 from exitplan.errors import WorkloadError
+from exitplan.files import read_table
 from exitplan.simulator.perf_db import build_perf_db
 from exitplan.tracking import log_stage_run
 
@@ -78,12 +79,10 @@ def workload_lengths(params: Params) -> tuple[Any, Any]:
         WorkloadError: no queries file, or no query fits.
     """
     import numpy as np
-    import pandas as pd
 
     path, cap = queries_path(params), params.build_perf_db.vllm_max_output_len
-    if not path.is_file():
-        raise WorkloadError(f"no queries at {path}: run the prepare_workload stage first")
-    queries = pd.read_parquet(path, columns=["prompt_len", "output_len"])
+    queries = read_table(path, "query table", ["prompt_len", "output_len"], WorkloadError,
+                         "run the prepare_workload stage first")
     fits = queries[(queries["prompt_len"] > 0) & (queries["prompt_len"] + cap <= params.vllm.max_model_len)]
     if fits.empty:
         raise WorkloadError(f"no query of {path} fits vllm.max_model_len={params.vllm.max_model_len} with "
