@@ -51,7 +51,8 @@ class Efficiency(StrictModel):
     memory_scale: dict[PositiveInt, PositiveFloat] | None = None
     """Multiplier on the memory bandwidth by the tokens a step carries (the row count of its GEMMs), interpolated
     between the given sizes and held at the edge values beyond them. Kernels change regime at small batches (a
-    one-row GEMV streams weights faster than a few-row GEMM); ``profile_device`` fits this for a measured device.
+    one-row GEMV streams weights faster than a few-row GEMM in our engine, at 0.58x a batch of 16 in vLLM's
+    AVX512-BF16 kernels); ``profile_device`` and ``profile_vllm`` fit this for a measured device, in either form.
     ``None``: the same bandwidth at every size (every catalog GPU)."""
 
     @model_validator(mode="after")
