@@ -354,15 +354,14 @@ class Coordinator:
         error event (counted in ``stats.failed_streams``), never a second answer from another replica."""
         self._open_streams.add(stream.reply)
         try:
-            done = stream.first.strip() == "data: [DONE]"
+            done = self._finished(stream, stream.first, False)
             yield stream.first + "\n\n"
             async for line in stream.lines:
                 if line:
-                    done = done or line.strip() == "data: [DONE]"
+                    done = self._finished(stream, line, done)
                     yield line + "\n\n"
             if not done:
                 raise StreamEndedEarly("the replica closed the stream before [DONE]")
-            self._answered(stream.replica)
         except (httpx.HTTPError, StreamEndedEarly) as exc:
             aborted = self._aborting.is_set()
             if not aborted:
@@ -377,6 +376,14 @@ class Coordinator:
             self._open_streams.discard(stream.reply)
             await stream.reply.aclose()
             self.in_flight -= 1
+
+    def _finished(self, stream: _Open, line: str, done: bool) -> bool:
+        """Whether the stream has ended with ``line``; its replica is counted as having answered on the ``[DONE]``
+        itself, before the client can read it (so a client that has the whole answer sees it counted)."""
+        if not done and line.strip() == "data: [DONE]":
+            self._answered(stream.replica)
+            return True
+        return done
 
     async def until_aborted(self, work: Any) -> Any:
         """``work``'s result, or 503 when the drain's grace ends first (``work`` cancelled)."""

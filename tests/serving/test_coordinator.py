@@ -66,10 +66,13 @@ def test_weighted_replica_choice_follows_the_split(fleet) -> None:
 
 
 def test_streaming_through_the_coordinator(fleet) -> None:
-    url, _ = fleet
+    url, coord = fleet
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    before = sum(r.served for r in coord.all_replicas)
     chunks = list(client.chat.completions.create(model="exitplan", messages=[{"role": "user", "content": "Hello"}],
                                                  max_tokens=5, stream=True))
+    # counted by the time the client holds the [DONE] (a test reading `served` right after must not race the relay)
+    assert sum(r.served for r in coord.all_replicas) == before + 1
     assert chunks and chunks[-1].choices[0].finish_reason in ("length", "stop")
     assert "".join(c.choices[0].delta.content or "" for c in chunks)
 
