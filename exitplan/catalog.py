@@ -72,6 +72,43 @@ class Efficiency(StrictModel):
     steps better: on a one-core replica here the sum fitted vLLM's 22 steps within 9.0%, the roofline within 19.6%)."""
 
 
+class SlowdownGrid(StrictModel):
+    """A model's neighbour slowdown by how busy the two replicas are: what its decode step loses per busy neighbour
+    depends on the batch it runs and on the neighbour's (measured by ``profile_vllm`` on an AVX512-BF16 EPYC: the
+    Qwen 0.5B at batch 1 lost 0.30 beside a 1.5B decoding one stream and 0.50 beside four, at batch 4 0.03 and 0.35).
+    """
+
+    batches: list[PositiveInt] = Field(min_length=1, max_length=16)
+    """Batch sizes of the grid, increasing (the same on both axes)."""
+
+    values: list[list[Annotated[float, Field(ge=0, le=10)]]]
+    """``values[i][j]``: the share lost per busy neighbour at own batch ``batches[i]``, neighbour's ``batches[j]``."""
+
+    @model_validator(mode="after")
+    def _square(self) -> SlowdownGrid:
+        if any(b >= a for a, b in zip(self.batches[1:], self.batches, strict=False)):
+            raise ValueError(f"batches must increase; got {self.batches}")
+        if len(self.values) != len(self.batches) or any(len(row) != len(self.batches) for row in self.values):
+            raise ValueError(f"values must be {len(self.batches)} x {len(self.batches)} (one per pair of batches)")
+        return self
+
+    @property
+    def mean(self) -> float:
+        """The grid's mean (one figure for the model where batches are not known)."""
+        return sum(map(sum, self.values)) / len(self.values) ** 2
+
+    def at(self, own: float, neighbour: float) -> float:
+        """The slowdown at mean batches ``own`` and ``neighbour``: bilinear in log batch between the grid's batches,
+        the edge's value beyond them."""
+        import numpy as np
+
+        logs = np.log2(np.asarray(self.batches, float))
+        table = np.asarray(self.values, float)
+        x, y = (float(np.log2(min(max(b, self.batches[0]), self.batches[-1]))) for b in (own, neighbour))
+        rows = [float(np.interp(y, logs, row)) for row in table]
+        return float(np.interp(x, logs, rows))
+
+
 class Gpu(StrictModel):
     """One GPU type: what the simulator needs to cost a step, and what it costs to rent."""
 
@@ -114,6 +151,11 @@ class Gpu(StrictModel):
     replica loses beside busy neighbours depends on which one it is (measured 2026-12-07: the Qwen 1.5B 0.181 per busy
     neighbour, the 0.5B 0.069); a model not named here takes ``neighbour_slowdown``, the mean over the models
     measured."""
+
+    slowdown_grids: dict[str, SlowdownGrid] = Field(default_factory=dict)
+    """Model -> its neighbour slowdown by its batch and the neighbour's, where ``profile_vllm`` measured it so (it
+    supersedes the model's ``model_slowdowns`` figure, which is then the grid's mean): on a CPU host a replica that
+    decodes alone loses most to a neighbour that decodes a batch, one that decodes a batch little."""
 
     host_slots: int = Field(default=0, ge=0, le=1024)
     """Replicas of this device one host runs at once when they take all its cores (a CPU device: its cores over a

@@ -493,6 +493,14 @@ class ProfileVllmParams(StrictModel):
     repeats: int = Field(default=2, ge=1, le=20)
     """Timed repetitions per point, after one warm-up (the median is kept)."""
 
+    neighbour_batches: list[PositiveInt] = Field(default_factory=lambda: [1, 4, 16], min_length=1, max_length=8)
+    """Batch sizes of the neighbour-slowdown grid, increasing: each replica timed at each, beside every other
+    replica decoding each (what a replica loses to a busy neighbour depends on both batches)."""
+
+    neighbour_repeats: int = Field(default=3, ge=1, le=20)
+    """Alone/beside pairs per cell of the neighbour grid, after one warm-up pair (the mean ratio is kept: the
+    neighbour's effect comes and goes between pairs, and a fleet's requests see its mean)."""
+
     memory_gib: float | None = Field(default=None, gt=0)
     """Memory the device offers (empty: this machine's RAM)."""
 
@@ -504,6 +512,8 @@ class ProfileVllmParams(StrictModel):
 
     @model_validator(mode="after")
     def _contexts_fit(self) -> ProfileVllmParams:
+        if sorted(set(self.neighbour_batches)) != self.neighbour_batches:
+            raise ValueError(f"profile_vllm.neighbour_batches must increase; got {self.neighbour_batches}")
         for key, longest in (("contexts", max(self.contexts) + self.tokens),
                              ("prefill_lengths", max(self.prefill_lengths) + 1)):
             if longest > 131_072:

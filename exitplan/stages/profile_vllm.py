@@ -4,10 +4,11 @@ Each model of ``profile_vllm.models`` is served by a vLLM CPU replica started ex
 (:mod:`exitplan.vllm.replica`: the rendered flags, its own pinned core, the ``vllm`` section's KV cache); the replicas
 start together, as many as the machine holds (their compiles overlap), and each is timed through its API
 (:mod:`exitplan.vllm.profile`) while the others stand by, as they do beside it in a deployment, then once more while
-the others decode (each model's ``model_slowdowns``, their mean the device's ``neighbour_slowdown``: what co-located
-replicas cost each other), and the
-fleet's coordinator is started in front of them to read its CPU per relayed token and per routed workload prompt
-(:mod:`exitplan.vllm.coordinator_cost`: on a host the replicas fill, the coordinator's work is taken from theirs).
+the others decode at each of ``neighbour_batches`` (each model's ``slowdown_grids``, by its batch and the neighbour's;
+their means the ``model_slowdowns`` and the device's ``neighbour_slowdown``: what co-located replicas cost each
+other), and the fleet's coordinator is started in front of them to read its CPU per relayed token and per routed
+workload prompt (:mod:`exitplan.vllm.coordinator_cost`: on a host the replicas fill, the coordinator's work is taken
+from theirs).
 The points are fitted like ``profile_device``'s, giving the catalog entry ``device_id`` and vLLM's per-step and
 per-sequence overheads, with which the simulator predicts a vLLM replica on this machine; ``device.yaml`` also records
 the engine knobs the replicas ran with.
@@ -24,15 +25,10 @@ from exitplan.config import Params
 from exitplan.tracking import log_stage_run
 
 if TYPE_CHECKING:
+    from exitplan.catalog import SlowdownGrid
     from exitplan.vllm.coordinator_cost import CoordinatorCost
 
 STAGE = "profile_vllm"
-
-NEIGHBOUR_BATCHES = (1, 4)
-"""Decode batches at which the neighbour slowdown is timed (a fleet's replicas decode alone and in small batches;
-at batch 4 a step streams the same weights as at 1 with four times the work, so the two bracket what a busy
-neighbour costs)."""
-
 
 def _waves(params: Params, names: list[str]) -> list[list[str]]:
     """The models in groups this machine holds at once (cores and RAM), in order."""
@@ -47,15 +43,15 @@ def _waves(params: Params, names: list[str]) -> list[list[str]]:
     return waves
 
 
-def _rows_of(params: Params, names: list[str]) -> tuple[list[dict[str, Any]], dict[str, float],
+def _rows_of(params: Params, names: list[str]) -> tuple[list[dict[str, Any]], dict[str, SlowdownGrid],
                                                          CoordinatorCost | None]:
     """Serve ``names`` on vLLM replicas started together (each on its own cores, as a deployment starts them, so
     their compiles overlap), time each in turn while the others stand by, then each beside the others busy, then
-    the coordinator in front of them; stop them all. Returns the rows, each model's neighbour slowdown and the
+    the coordinator in front of them; stop them all. Returns the rows, each model's neighbour-slowdown grid and the
     coordinator's cost (neither with one replica)."""
     from exitplan.vllm import replica as vllm_replica
     from exitplan.vllm.coordinator_cost import measure_coordinator_cost
-    from exitplan.vllm.profile import measure, neighbour_slowdowns
+    from exitplan.vllm.profile import measure, neighbour_grids
     from exitplan.vllm.truncate import read_layers
 
     section, settings = params.profile_vllm, params.vllm
@@ -76,11 +72,11 @@ def _rows_of(params: Params, names: list[str]) -> tuple[list[dict[str, Any]], di
         if len(started) < 2:
             return rows, {}, None
         replicas = [(r.url, n) for r, n in zip(started, names, strict=True)]
-        slowdowns = neighbour_slowdowns(replicas, NEIGHBOUR_BATCHES, min(section.contexts), section.tokens,
-                                        section.repeats)
+        grids = neighbour_grids(replicas, section.neighbour_batches, min(section.contexts), section.tokens,
+                                section.neighbour_repeats)
         cost = measure_coordinator_cost(params, replicas, _prompts(params), 4 * section.tokens,
                                         params.path(".cache") / STAGE / "coordinator")
-        return rows, dict(zip(names, slowdowns, strict=True)), cost
+        return rows, dict(zip(names, grids, strict=True)), cost
     finally:
         for replica in started:
             vllm_replica.stop(replica.process)
@@ -113,11 +109,12 @@ def main(params: Params) -> dict[str, Any]:
     began = time.perf_counter()
     waves = [_rows_of(params, wave) for wave in _waves(params, list(section.models))]
     rows = [row for wave_rows, _, _ in waves for row in wave_rows]
-    by_model = {model: s for _, measured, _ in waves for model, s in measured.items()}
+    grids = {model: g for _, measured, _ in waves for model, g in measured.items()}
+    by_model = {model: g.mean for model, g in grids.items()}
     slowdown = statistics.fmean(by_model.values()) if by_model else 0.0  # one replica at a time: none measured
     costs = [c for _, _, c in waves if c is not None]  # the coordinator's, where two models were up together
-    host: dict[str, Any] = {"neighbour_slowdown": slowdown, "model_slowdowns": by_model, "host_slots": 0,
-                            "relay_cpu_s": 0.0, "score_cpu_s": 0.0}
+    host: dict[str, Any] = {"neighbour_slowdown": slowdown, "model_slowdowns": by_model, "slowdown_grids": grids,
+                            "host_slots": 0, "relay_cpu_s": 0.0, "score_cpu_s": 0.0}
     if costs:
         host.update(host_slots=vllm_replica.slots(params), relay_cpu_s=statistics.fmean(c.relay_cpu_s for c in costs),
                     score_cpu_s=statistics.fmean(c.score_cpu_s for c in costs))
@@ -135,8 +132,11 @@ def main(params: Params) -> dict[str, Any]:
                       params.vllm.threads_per_replica)
     metrics = fit_and_write(rows, models, section.device_id, memory, section.price_per_hour,
                             params.path(section.output_dir), probe, engine, host)
-    metrics.update({**{k: v for k, v in host.items() if k != "model_slowdowns"},
+    metrics.update({**{k: v for k, v in host.items() if k not in ("model_slowdowns", "slowdown_grids")},
                     **{f"neighbour_slowdown_{m.split('/')[-1]}": s for m, s in by_model.items()},
+                    **{f"neighbour_slowdown_{m.split('/')[-1]}_b{own}_n{other}": g.values[i][j]
+                       for m, g in grids.items() for i, own in enumerate(g.batches)
+                       for j, other in enumerate(g.batches)},
                     "relay_cpu_ms": host["relay_cpu_s"] * 1e3, "score_cpu_ms": host["score_cpu_s"] * 1e3})
     decode = [r for r in rows if r["kind"] == "decode"]
     shortest = min(r["context"] for r in decode)

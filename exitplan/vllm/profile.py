@@ -11,10 +11,10 @@ its passes are timed from outside, where its own streaming shows them:
   over the steps). The warm-up and the repeats of a point send the same prompts: vLLM's prefix cache then holds
   their KV, so only the warm-up pays the ``b x c`` prefill tokens (two thirds of the stage's time when every run
   paid them) and a decode step reads the same context either way.
-- **beside busy neighbours** (:func:`neighbour_slowdowns`): the decode step at two batch sizes, alone and while every
-  other replica of the host decodes a stream of its own, in turn; beside over alone, it is what a replica loses to its
-  neighbours (the memory system and the cores their API servers share), one figure per replica, which the simulator
-  applies to co-located replicas of its model.
+- **beside busy neighbours** (:func:`neighbour_grids`): the decode step at a few batch sizes, alone and while every
+  other replica of the host decodes a few batch sizes of its own, in turn; beside over alone, it is what a replica
+  loses to its neighbours (the memory system and the cores they share), one grid per replica (its batch by the
+  neighbour's), which the simulator applies to co-located replicas of its model.
 - **prefill** of ``n`` tokens: a single request of ``n`` prompt tokens and one output token, timed whole, minus
   nothing (the HTTP round trip, a millisecond here, goes into the fitted per-step overhead).
 
@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from exitplan.catalog import SlowdownGrid
 from exitplan.errors import ExitplanError
 
 VOCAB_LOW, VOCAB_HIGH = 1000, 20000
@@ -97,38 +98,44 @@ async def decode_step_beside(url: str, model: str, prompts: Sequence[list[int]],
     return batch_step_seconds(streams)
 
 
-def neighbour_slowdowns(replicas: Sequence[tuple[str, str]], batches: Sequence[int], context: int, tokens: int,
-                        repeats: int, seed: int = 1) -> list[float]:
-    """The share by which each replica's decode step takes longer per neighbour that decodes at the same time: each
-    replica timed at each of ``batches`` alone (the others standing by) and beside the others decoding, the two in
-    turn in every repeat so that the machine's own drift between them cancels; the ratio of the two medians, meaned
-    over the batches, per neighbour, never below 0. One figure per replica, in order: what a replica loses depends
-    on which it is (the catalog's ``Gpu.model_slowdowns``; their mean is ``Gpu.neighbour_slowdown``).
+def neighbour_grids(replicas: Sequence[tuple[str, str]], batches: Sequence[int], context: int, tokens: int,
+                    repeats: int, seed: int = 1) -> list[SlowdownGrid]:
+    """The share by which each replica's decode step takes longer per busy neighbour, by its batch and theirs: each
+    replica timed at each of ``batches`` alone (the others standing by) and beside every other replica decoding each
+    of ``batches`` streams, the two in turn in every repeat so that the machine's own drift between them cancels;
+    the mean of the paired ratios (the effect comes and goes between pairs; a fleet sees its mean), per neighbour,
+    never below 0. One grid per replica, in order (the catalog's ``Gpu.slowdown_grids``): on a CPU host what a
+    replica loses depends on which model it is, on its own batch and on how busy the neighbour is (a one-core
+    decode at batch 1 loses 0.30 beside one busy stream, at batch 4 0.03).
 
     Args:
         replicas: ``(url, model)`` of every replica on this host (two or more).
-        batches: Streams of the timed batches (a replica in a fleet decodes alone and in batches).
+        batches: Streams of the timed batches and of each neighbour's (increasing).
         context: Prompt tokens of every stream.
         tokens: Tokens each timed stream decodes.
-        repeats: Timed pairs per replica and batch (medians taken), after one warm-up pair.
+        repeats: Timed pairs per cell (their mean ratio kept), after one warm-up pair.
         seed: Seed of the synthetic prompts.
     """
     if len(replicas) < 2 or not batches:
         raise ExitplanError("the neighbour slowdown needs two or more replicas and a batch size to time")
     rng = np.random.default_rng(seed)
-    slowdowns = []
+    grids = []
     for i, (url, model) in enumerate(replicas):
-        ratios = []
+        values = []
         for batch in batches:
             prompts = [_prompt(rng, context) for _ in range(batch)]
-            others = [(u, m, _prompt(rng, context)) for j, (u, m) in enumerate(replicas) if j != i]
-            alone, beside = [], []
-            for _ in range(repeats + 1):
-                alone.append(asyncio.run(decode_step(url, model, prompts, tokens)))
-                beside.append(asyncio.run(decode_step_beside(url, model, prompts, tokens, others)))
-            ratios.append(statistics.median(beside[1:]) / statistics.median(alone[1:]))
-        slowdowns.append(max(0.0, (statistics.fmean(ratios) - 1) / (len(replicas) - 1)))
-    return slowdowns
+            row = []
+            for busy in batches:
+                others = [(u, m, _prompt(rng, context)) for j, (u, m) in enumerate(replicas) if j != i
+                          for _ in range(busy)]
+                ratios = []
+                for _ in range(repeats + 1):
+                    alone = asyncio.run(decode_step(url, model, prompts, tokens))
+                    ratios.append(asyncio.run(decode_step_beside(url, model, prompts, tokens, others)) / alone)
+                row.append(max(0.0, (statistics.fmean(ratios[1:]) - 1) / (len(replicas) - 1)))
+            values.append(row)
+        grids.append(SlowdownGrid(batches=list(batches), values=values))
+    return grids
 
 
 def batch_step_seconds(streams: Sequence[Sequence[float]]) -> float:
