@@ -193,9 +193,10 @@ def predict(catalog, frame: pd.DataFrame, device, prefix: str, layers: Mapping[s
     return out
 
 
-NO_NEIGHBOURS = {"neighbour_slowdown": 0.0, "model_slowdowns": {}}
-SHARING_TERMS = {"neighbours and coordinator (the model)": {},
-                 "neighbours as one device-wide figure": {"model_slowdowns": {}},
+NO_NEIGHBOURS = {"neighbour_slowdown": 0.0, "model_slowdowns": {}, "slowdown_grids": {}}
+SHARING_TERMS = {"neighbours by batch and coordinator (the model)": {},
+                 "neighbours one figure per model (no batches)": {"slowdown_grids": {}},
+                 "neighbours as one device-wide figure": {"model_slowdowns": {}, "slowdown_grids": {}},
                  "coordinator only (neighbour_slowdown 0)": NO_NEIGHBOURS,
                  "neighbours only (no coordinator)": {"host_slots": 0},
                  "replicas as if alone": {**NO_NEIGHBOURS, "host_slots": 0}}
@@ -212,7 +213,7 @@ def terms_table(catalog, frames: list[pd.DataFrame], device, layers: Mapping[str
         again = [predict(catalog, f.rename(columns={"who": "model"}), variant, "raw", layers) for f in frames]
         table = pd.concat([cells(a.assign(cor_ttft=a["raw_ttft"], cor_tpot=a["raw_tpot"], cor_e2e=a["raw_e2e"])
                                  .rename(columns={"model": "who"}), float(a["qps"].iloc[0])) for a in again])
-        print(f"  {name:<42} median {table['raw_err'].median():6.1%}  max {table['raw_err'].max():6.1%}")
+        print(f"  {name:<48} median {table['raw_err'].median():6.1%}  max {table['raw_err'].max():6.1%}")
 
 
 def planned_p95(catalog, device, plan, params, count: int, cap: int) -> Callable[[float], float]:

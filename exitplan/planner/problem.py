@@ -252,8 +252,7 @@ class PlanProblem:
                  and self.sharing[g].slows(int(np.sum(gpus == g)))}
         if not hosts:
             return None
-        own = {g: host.slowdown_of([n for n, at in zip(names, gpus, strict=True) if at == g])
-               for g, host in hosts.items()}  # each replica's neighbour slowdown, by its model
+        own = {g: [n for n, at in zip(names, gpus, strict=True) if at == g] for g in hosts}  # models on each
         curves = [cand.replica_curves(c) for cand, _, c, _ in loaded]
         flat, edges = [c for cs in curves for c in cs], np.cumsum([0, *map(len, curves)])
 
@@ -264,11 +263,14 @@ class PlanProblem:
         def update(s: np.ndarray) -> np.ndarray:
             loads = np.concatenate([q for q, _ in split(s)])
             busy = np.asarray([c.busy_at(x * q) for c, x, q in zip(flat, s, loads, strict=True)])
+            batch = [c.batch_at(x * q) for c, x, q in zip(flat, s, loads, strict=True)]
             new = np.ones(len(s))
             for g, host in hosts.items():
                 mine = gpus == g
+                known = [b for b, m in zip(batch, mine, strict=True) if m]
+                pairs = host.pairwise(own[g], None if None in known else np.asarray(known, float))
                 stolen = stolen_shares(busy[mine], loads[mine] * tokens[mine], self.load, host)
-                new[mine] = slowdowns(busy[mine], own[g], stolen)
+                new[mine] = slowdowns(busy[mine], pairs, stolen)
             return new
 
         return [latency for _, latency in split(fixed_point(update, len(gpus)))]

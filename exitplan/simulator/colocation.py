@@ -1,18 +1,18 @@
 """Replicas that share one host: each neighbour busy beside a replica slows its steps by its model's neighbour
-slowdown on the device (``c_r``: ``model_slowdowns``, else the device's ``neighbour_slowdown``), and where the
-replicas fill the host's cores (``host_slots`` of them), the fleet's coordinator takes its CPU from theirs while they
-are all busy.
+slowdown on the device (``c_rj``: its ``slowdown_grids`` entry at the two replicas' mean batches, else its
+``model_slowdowns`` figure, else the device's ``neighbour_slowdown``), and where the replicas fill the host's cores
+(``host_slots`` of them), the fleet's coordinator takes its CPU from theirs while they are all busy.
 
-Mean field: replica ``r``'s steps take ``s_r = (1 + c_r * sum_{j != r} u_j) / (1 - t_r)`` times as long, ``u_j`` being
+Mean field: replica ``r``'s steps take ``s_r = (1 + sum_{j != r} c_rj u_j) / (1 - t_r)`` times as long, ``u_j`` being
 the share of the time replica ``j`` is busy and ``t_r`` the share of ``r``'s busy time the coordinator takes
 (:func:`stolen_shares`: its relaying of ``j``'s tokens finds no idle core when every other replica is busy too,
 probability ``prod_{k != j} u_k``; its scoring of a prompt when all are, ``prod_k u_k``; what it takes is spread
 evenly over the busy cores). A replica whose every step takes ``s`` times as long, serving arrivals ``a``, runs
 exactly as the replica at full speed serving ``a / s``, its clock stretched by ``s``: so a slowed replica is simulated
 (or looked up in the perf DB) at ``s`` times its load, and its latencies are ``s`` times those found there; its busy
-share is the same either way. The busy shares depend on the slowdowns (a slowed replica is busy longer), so the two
-are iterated to a fixed point, half a step at a time. A device whose replicas do not share a host (every catalog
-GPU) has ``c = 0``, and nothing here changes its figures.
+share is the same either way (and so is its mean batch while busy). The busy shares and batches depend on the
+slowdowns (a slowed replica is busy longer), so the two are iterated to a fixed point, half a step at a time. A
+device whose replicas do not share a host (every catalog GPU) has ``c = 0``, and nothing here changes its figures.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from exitplan.catalog import Gpu
+from exitplan.catalog import Gpu, SlowdownGrid
 from exitplan.simulator.curve import LatencyCurve
 from exitplan.simulator.replica import ReplicaResult, ReplicaSimulator, RequestSet
 
@@ -48,6 +48,7 @@ class HostSharing:
         relay_cpu_s: Coordinator CPU seconds per streamed token.
         score_cpu_s: Coordinator CPU seconds per routed request.
         model_slowdowns: ``(model, c)`` of the models measured apart (others take ``neighbour_slowdown``).
+        grids: ``(model, grid)`` of the models measured by batch (their ``c`` at the replicas' mean batches).
     """
 
     neighbour_slowdown: float = 0.0
@@ -55,17 +56,32 @@ class HostSharing:
     relay_cpu_s: float = 0.0
     score_cpu_s: float = 0.0
     model_slowdowns: tuple[tuple[str, float], ...] = ()
+    grids: tuple[tuple[str, SlowdownGrid], ...] = ()
 
     @classmethod
     def of(cls, gpu: Gpu) -> HostSharing:
         """The device's sharing as the catalog entry records it."""
         return cls(gpu.neighbour_slowdown, gpu.host_slots, gpu.relay_cpu_s, gpu.score_cpu_s,
-                   tuple(sorted(gpu.model_slowdowns.items())))
+                   tuple(sorted(gpu.model_slowdowns.items())), tuple(sorted(gpu.slowdown_grids.items())))
 
     def slowdown_of(self, models: Sequence[str | None]) -> np.ndarray:
-        """``c`` of each replica, by its model (``None``: not known, the device's figure)."""
-        own: dict[str | None, float] = dict(self.model_slowdowns)
+        """``c`` of each replica, by its model (``None``: not known, the device's figure); a grid's mean."""
+        own: dict[str | None, float] = {**dict(self.model_slowdowns), **{m: g.mean for m, g in self.grids}}
         return np.asarray([own.get(m, self.neighbour_slowdown) for m in models], float)
+
+    def pairwise(self, models: Sequence[str | None], batches: Sequence[float] | np.ndarray | None) -> np.ndarray:
+        """``c_rj`` of every pair of replicas (row ``r`` slowed by busy ``j``; 0 on the diagonal): a model with a
+        grid reads it at the two mean batches while busy (``batches``; none known: its mean), the others their
+        :meth:`slowdown_of` figure."""
+        flat = self.slowdown_of(models)
+        table = np.repeat(flat[:, None], len(flat), axis=1)
+        grids = dict(self.grids)
+        for r, model in enumerate(models):
+            grid = grids.get(model) if model is not None else None
+            if grid is not None and batches is not None:
+                table[r] = [grid.at(batches[r], b) for b in batches]
+        np.fill_diagonal(table, 0.0)
+        return table
 
     @property
     def shared(self) -> bool:
@@ -75,7 +91,8 @@ class HostSharing:
 
     def slows(self, replicas: int) -> bool:
         """Whether ``replicas`` of this device on one host slow one another (neighbours, or the coordinator)."""
-        neighbours = self.neighbour_slowdown > 0 or any(c > 0 for _, c in self.model_slowdowns)
+        neighbours = (self.neighbour_slowdown > 0 or any(c > 0 for _, c in self.model_slowdowns)
+                      or any(g.mean > 0 for _, g in self.grids))
         return (neighbours and replicas >= 2) or (
             self.fills(replicas) and self.relay_cpu_s + self.score_cpu_s > 0)
 
@@ -105,15 +122,18 @@ def stolen_shares(busy: Sequence[float] | np.ndarray, token_rate: Sequence[float
 
 def slowdowns(busy: Sequence[float] | np.ndarray, neighbour_slowdown: Sequence[float] | np.ndarray | float,
               stolen: Sequence[float] | np.ndarray | float = 0.0) -> np.ndarray:
-    """Each replica's step-time multiplier, ``(1 + c_r * (sum of the others' busy shares)) / (1 - t_r)``.
+    """Each replica's step-time multiplier, ``(1 + sum_{j != r} c_rj u_j) / (1 - t_r)``.
 
     Args:
         busy: Share of the time each replica of one host is busy (0 to 1).
-        neighbour_slowdown: ``c`` of the device, one for all or one per replica.
+        neighbour_slowdown: ``c`` of the device: one for all, one per replica (``c_r``), or a matrix ``c_rj``
+            (:meth:`HostSharing.pairwise`; its diagonal is ignored).
         stolen: ``t_r``: share of each replica's busy time the coordinator takes (:func:`stolen_shares`).
     """
     u = np.clip(np.asarray(busy, float), 0.0, 1.0)
-    return (1.0 + np.asarray(neighbour_slowdown, float) * (u.sum() - u)) / (1.0 - np.asarray(stolen, float))
+    c = np.asarray(neighbour_slowdown, float)
+    lost = (c - np.diag(np.diag(c))) @ u if c.ndim == 2 else c * (u.sum() - u)
+    return (1.0 + lost) / (1.0 - np.asarray(stolen, float))
 
 
 def fixed_point(update: Callable[[np.ndarray], np.ndarray], count: int) -> np.ndarray:
@@ -164,9 +184,10 @@ def simulate_colocated(sims: Sequence[ReplicaSimulator], requests: Sequence[Requ
         busy = np.asarray([res.busy_s / span for res in results])
         tokens = np.asarray([float(np.sum(res.requests.output_len[np.isfinite(res.finish_s)])) / span
                              for res in results])
+        own = sharing.pairwise(names, [res.mean_batch for res in results])
         return slowdowns(busy, own, stolen_shares(busy, tokens, request_count / span, sharing))
 
-    own = sharing.slowdown_of(models if models is not None else [None] * len(sims))
+    names = list(models) if models is not None else [None] * len(sims)
     s = np.ones(len(sims))
     if sharing.slows(len(sims)):
         s = fixed_point(update, len(sims))
@@ -179,4 +200,4 @@ def slowed_curve(curve: LatencyCurve, slowdown: float) -> LatencyCurve:
     if slowdown == 1.0:
         return curve
     return LatencyCurve(curve.qps / slowdown, curve.latency * slowdown, curve.capacity / slowdown,
-                        curve.busy)
+                        curve.busy, curve.batch)

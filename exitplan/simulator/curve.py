@@ -24,16 +24,18 @@ class LatencyCurve:
         latency: Latency at each grid load; shape ``k``.
         capacity: Highest load the deployment sustains (the last unsaturated grid point).
         busy: Share of the time the replica is in iterations at each grid load (none: not recorded).
+        batch: Mean running batch while busy at each grid load (none: not recorded).
     """
 
     qps: np.ndarray
     latency: np.ndarray
     capacity: float
     busy: np.ndarray | None = None
+    batch: np.ndarray | None = None
 
     @classmethod
     def from_points(cls, qps: np.ndarray, latency: np.ndarray, saturated: np.ndarray | None = None,
-                    busy: np.ndarray | None = None) -> LatencyCurve:
+                    busy: np.ndarray | None = None, batch: np.ndarray | None = None) -> LatencyCurve:
         """Build from grid points; the curve ends before the first saturated (or non-finite) point."""
         order = np.argsort(qps)
         qps, latency = np.asarray(qps, float)[order], np.asarray(latency, float)[order]
@@ -44,10 +46,13 @@ class LatencyCurve:
         if busy is not None:
             busy = np.asarray(busy, float)[order][:stop]
             busy = None if not np.all(np.isfinite(busy)) else np.maximum.accumulate(np.clip(busy, 0.0, 1.0))
+        if batch is not None:
+            batch = np.asarray(batch, float)[order][:stop]
+            batch = None if not np.all(np.isfinite(batch)) else np.maximum(batch, 1.0)
         if stop == 0:
-            return cls(qps[:0], latency[:0], 0.0, busy)
+            return cls(qps[:0], latency[:0], 0.0, busy, batch)
         kept_q, kept_l = qps[:stop], np.maximum.accumulate(latency[:stop])
-        return cls(kept_q, kept_l, float(kept_q[-1]), busy)
+        return cls(kept_q, kept_l, float(kept_q[-1]), busy, batch)
 
     def busy_at(self, load: float) -> float:
         """Share of the time the replica is busy at ``load``: linear from 0 at no load to the first grid point, then
@@ -56,6 +61,13 @@ class LatencyCurve:
         if self.busy is None or self.capacity <= 0 or load > self.capacity * (1 + 1e-9):
             return 1.0 if load > 0 else 0.0
         return float(np.interp(load, np.concatenate([[0.0], self.qps]), np.concatenate([[0.0], self.busy])))
+
+    def batch_at(self, load: float) -> float | None:
+        """Mean running batch while busy at ``load``: interpolated, the first grid point's below it and the last's
+        beyond capacity; ``None`` when not recorded."""
+        if self.batch is None or not len(self.batch):
+            return None
+        return float(np.interp(load, self.qps, self.batch))
 
     def __call__(self, load: float | np.ndarray) -> np.ndarray:
         """Latency at ``load`` (inf beyond capacity)."""

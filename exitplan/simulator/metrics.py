@@ -38,7 +38,8 @@ def summarize(results: Sequence[ReplicaResult]) -> dict[str, Any]:
 
     TPOT is ``(e2e - ttft) / (output tokens - 1)`` over requests with at least two output tokens.
     Throughput counts completed requests (and their output tokens) over first arrival to last finish; the busy
-    fraction is the share of that span the replicas spent in iterations (the mean over the replicas).
+    fraction is the share of that span the replicas spent in iterations (the mean over the replicas), the mean batch
+    the running sequences while busy (weighted by busy time).
     """
     r = per_request(results)
     ttft = r["first_token_s"] - r["arrival_s"]
@@ -61,5 +62,6 @@ def summarize(results: Sequence[ReplicaResult]) -> dict[str, Any]:
                                            weights=[max(x.busy_s, 1e-12) for x in results])),
         "busy_s": float(busy),
         "busy_fraction": float(busy) / (span * len(results)) if span > 0 else float("nan"),
+        "mean_batch": float(sum(x.mean_batch * x.busy_s for x in results) / busy) if busy > 0 else float("nan"),
         "num_steps": int(sum(x.num_steps for x in results)),
     }

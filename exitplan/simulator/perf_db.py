@@ -113,7 +113,8 @@ def _row(model: Model, gpu: Gpu, layout: Layout, qps: float, metrics: dict[str, 
     for name in LATENCY_METRICS:
         for stat in ("mean", "p50", "p95", "p99"):
             row[f"{name.removesuffix('_s')}_{stat}_s"] = np.nan if metrics is None else metrics[name][stat]
-    for key in ("throughput_req_s", "throughput_out_tok_s", "kv_utilisation", "preemptions", "busy_fraction"):
+    for key in ("throughput_req_s", "throughput_out_tok_s", "kv_utilisation", "preemptions", "busy_fraction",
+                "mean_batch"):
         row[key] = np.nan if metrics is None else metrics[key]
     return row
 
@@ -213,5 +214,6 @@ def curve_of(db: Any, model: str, gpu: str, tp: int, pp: int, layers: int | None
     if rows.empty:
         raise SimulationError(f"perf DB has no {model} on {gpu} at tp={tp} pp={pp} layers={layers}")
     busy = rows["busy_fraction"].to_numpy() if "busy_fraction" in rows else None  # perf DBs before it: none
+    batch = rows["mean_batch"].to_numpy() if "mean_batch" in rows else None
     return LatencyCurve.from_points(rows["qps"].to_numpy(), rows[metric].to_numpy(), rows["saturated"].to_numpy(),
-                                    busy)
+                                    busy, batch)

@@ -80,6 +80,8 @@ class ReplicaResult:
         num_steps: Iterations run.
         kv_blocks: KV blocks of the replica.
         mean_running: Time-average number of sequences in the running batch over the whole run (idle included).
+        mean_batch: Time-average number of sequences in the running batch while the replica was busy (what a
+            neighbour on the same host feels, :mod:`exitplan.simulator.colocation`).
     """
 
     requests: RequestSet
@@ -93,6 +95,7 @@ class ReplicaResult:
     num_steps: int
     kv_blocks: int
     mean_running: float
+    mean_batch: float = 0.0
 
 
 def kv_capacity_blocks(spec: ReplicaSpec, engine: EngineParams) -> int:
@@ -408,4 +411,5 @@ class _Run:
             kv_utilisation=self.kv_integral / (self.busy * self.sim.total_blocks) if self.busy else 0.0,
             busy_s=self.busy, num_steps=self.steps, kv_blocks=self.sim.total_blocks,
             mean_running=self.running_integral / self.t if self.t else 0.0,
+            mean_batch=self.running_integral / self.busy if self.busy else 0.0,
         )

@@ -67,6 +67,12 @@ def _load(tmp_path: Path, tree: dict) -> Catalog:
     (lambda t: t["gpus"][0].update(tflops=1.0), "gpus.0.tflops: unknown key"),
     (lambda t: t["gpus"][0].update(model_slowdowns={"m": -0.1}), "gpus.0.model_slowdowns.m: Input should be greater"),
     (lambda t: t["gpus"][0].update(model_slowdowns={"m": float("nan")}), "gpus.0.model_slowdowns.m"),
+    (lambda t: t["gpus"][0].update(slowdown_grids={"m": {"batches": [4, 1], "values": [[0, 0], [0, 0]]}}),
+     "batches must increase; got [4, 1]"),
+    (lambda t: t["gpus"][0].update(slowdown_grids={"m": {"batches": [1, 4], "values": [[0.1, 0.2]]}}),
+     "values must be 2 x 2"),
+    (lambda t: t["gpus"][0].update(slowdown_grids={"m": {"batches": [1], "values": [[float("inf")]]}}),
+     "gpus.0.slowdown_grids.m.values.0.0"),
 ])
 def test_invalid_catalogs_are_rejected_with_the_key(tmp_path: Path, mutate, message: str) -> None:
     tree = _catalog_tree()

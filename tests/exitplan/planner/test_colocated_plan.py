@@ -13,13 +13,16 @@ from exitplan.simulator.curve import LatencyCurve
 GRID = np.asarray([0.5, 1.0, 2.0, 4.0])
 
 
-def _curve(base: float, slope: float, busy_per_qps: float) -> LatencyCurve:
+def _curve(base: float, slope: float, busy_per_qps: float, batch: float | None = None) -> LatencyCurve:
     # latency base + slope * q, busy share busy_per_qps * q: both linear, so the fixed point has a closed form
-    return LatencyCurve.from_points(GRID, base + slope * GRID, busy=busy_per_qps * GRID)
+    return LatencyCurve.from_points(GRID, base + slope * GRID, busy=busy_per_qps * GRID,
+                                    batch=None if batch is None else np.full(len(GRID), batch))
 
 
-def _problem(shared: dict[str, HostSharing], gpu_b: str = "cpu") -> PlanProblem:
-    curves = {"a": {("cpu", 1, 1, 10): _curve(1.0, 0.5, 0.2)}, "b": {(gpu_b, 1, 1, 20): _curve(2.0, 1.0, 0.15)}}
+def _problem(shared: dict[str, HostSharing], gpu_b: str = "cpu",
+             batches: tuple[float | None, float | None] = (None, None)) -> PlanProblem:
+    curves = {"a": {("cpu", 1, 1, 10): _curve(1.0, 0.5, 0.2, batches[0])},
+              "b": {(gpu_b, 1, 1, 20): _curve(2.0, 1.0, 0.15, batches[1])}}
     candidates = {"a": [Candidate((Group("cpu", 1, 1, 1, 10, 0.1),))],
                   "b": [Candidate((Group(gpu_b, 1, 1, 1, 20, 0.1),))]}
     return PlanProblem(["a", "b"], candidates, curves, load=2.0, budget=10.0, available={"cpu": 2, "gpu": 1},
@@ -48,6 +51,20 @@ def test_each_models_own_neighbour_slowdown_enters_its_replicas_fixed_point() ->
     got = _problem({"cpu": host}).colocated_latencies(fractions, (0, 0))
     assert got == pytest.approx([s_a * (1.0 + 0.5 * s_a), s_b * (2.0 + 1.0 * s_b)], rel=1e-3)
     assert got[1] < _problem({"cpu": HostSharing(c_a)}).colocated_latencies(fractions, (0, 0))[1]
+
+
+def test_a_models_grid_is_read_at_the_batches_the_perf_db_recorded() -> None:
+    from exitplan.catalog import SlowdownGrid
+
+    # a decodes alone (batch 1) and loses 0.4 to a neighbour at batch 16; b, at 16, loses nothing to a's batch 1
+    grid = SlowdownGrid(batches=[1, 16], values=[[0.1, 0.4], [0.0, 0.0]])
+    host = HostSharing(0.9, grids=(("a", grid), ("b", grid)))
+    got = _problem({"cpu": host}, batches=(1.0, 16.0)).colocated_latencies(np.asarray([0.5, 0.5]), (0, 0))
+    s_a = 1 + 0.4 * 0.15  # b is busy 0.15 of the time at 1 req/s and unslowed
+    assert got == pytest.approx([s_a * (1.0 + 0.5 * s_a), 2.0 + 1.0], rel=1e-3)
+    # batches not recorded (an older perf DB): each grid's mean for every pair
+    mean = _problem({"cpu": host}).colocated_latencies(np.asarray([0.5, 0.5]), (0, 0))
+    assert mean is not None and mean[1] > 3.0 * 1.01
 
 
 def test_replicas_on_separate_devices_are_looked_up_alone() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from exitplan.catalog import Catalog
+from exitplan.catalog import Catalog, SlowdownGrid
 from exitplan.config import EngineParams
 from exitplan.simulator.colocation import (
     HostSharing,
@@ -112,6 +112,39 @@ def test_each_replica_is_slowed_by_its_own_models_figure(catalog: Catalog) -> No
     assert HostSharing(model_slowdowns=(("small", 0.2),)).slows(2)  # a model's own figure alone slows
 
 
+def test_a_pairwise_matrix_slows_each_replica_by_its_own_row() -> None:
+    # replica 0 loses 0.4 to busy replica 1 and 0.1 to busy replica 2; 1 loses 0.2 to 0; 2 nothing
+    c = np.asarray([[9.0, 0.4, 0.1], [0.2, 9.0, 0.0], [0.0, 0.0, 9.0]])  # the diagonal is ignored
+    assert slowdowns([0.5, 1.0, 0.5], c) == pytest.approx([1 + 0.4 + 0.05, 1 + 0.1, 1.0])
+
+
+def test_a_grid_reads_the_slowdown_at_both_mean_batches() -> None:
+    grid = SlowdownGrid(batches=[1, 4, 16], values=[[0.3, 0.5, 0.6], [0.0, 0.3, 0.4], [0.0, 0.0, 0.1]])
+    host = HostSharing(neighbour_slowdown=0.2, grids=(("small", grid),))
+    pairs = host.pairwise(["small", "large"], [2.0, 16.0])
+    # own batch 2 is halfway from 1 to 4 in log batch: between rows 0 and 1 at the neighbour's 16
+    assert pairs[0, 1] == pytest.approx((0.6 + 0.4) / 2) and pairs[1, 0] == pytest.approx(0.2)  # large: the device's
+    assert pairs[0, 0] == pairs[1, 1] == 0.0
+    assert host.pairwise(["small", "large"], None)[0, 1] == pytest.approx(grid.mean)  # batches unknown: its mean
+    assert host.slows(2) and host.slowdown_of(["small"]) == pytest.approx([grid.mean])
+
+
+def test_a_replica_at_a_small_batch_is_slowed_more_than_at_a_large_one(catalog: Catalog) -> None:
+    gpu, model = catalog.gpu("rtx-4090"), catalog.model(LLAMA7)
+    sims = [ReplicaSimulator(ReplicaSpec(model, gpu)), ReplicaSimulator(ReplicaSpec(model, gpu))]
+    loads = [_requests(60, 0.2, 1), _requests(600, 6.0, 2)]  # one light replica (batch ~1), one batching
+    grid = SlowdownGrid(batches=[1, 16], values=[[0.5, 0.5], [0.0, 0.0]])  # lost at batch 1, nothing at 16
+    results, s = simulate_colocated(sims, loads, HostSharing(grids=(("m", grid),)), ["m", "m"])
+    start = min(r.arrival_s[0] for r in loads)
+    end = max(float(np.nanmax(r.finish_s)) for r in results)
+    busy = [r.busy_s / (end - start) for r in results]
+    batches = [r.mean_batch for r in results]
+    assert batches[0] < 3 < 8 < batches[1]
+    expected = [1 + grid.at(batches[0], batches[1]) * busy[1], 1 + grid.at(batches[1], batches[0]) * busy[0]]
+    assert s == pytest.approx(expected, abs=2e-3)  # the fixed point, at the runs' own batches
+    assert s[0] > 1.1 and s[1] == pytest.approx(1.0, abs=0.01)  # only the light replica loses to its neighbour
+
+
 def test_a_slowed_curve_reads_the_curve_at_the_inflated_load() -> None:
     curve = LatencyCurve.from_points(np.asarray([1.0, 2.0, 4.0]), np.asarray([1.0, 2.0, 6.0]),
                                      busy=np.asarray([0.2, 0.4, 0.8]))
@@ -131,3 +164,11 @@ def test_busy_shares_are_linear_from_idle_and_full_past_capacity() -> None:
     unknown = LatencyCurve.from_points(np.asarray([1.0, 2.0]), np.asarray([1.0, 2.0]))
     assert unknown.busy_at(0.5) == 1.0  # not recorded: a neighbour taken as always busy
     assert unknown.busy_at(0.0) == 0.0
+
+
+def test_mean_batches_are_interpolated_and_kept_by_a_slowed_curve() -> None:
+    curve = LatencyCurve.from_points(np.asarray([1.0, 2.0, 4.0]), np.asarray([1.0, 2.0, 6.0]),
+                                     batch=np.asarray([1.2, 2.0, 6.0]))
+    assert curve.batch_at(3.0) == pytest.approx(4.0) and curve.batch_at(0.1) == pytest.approx(1.2)
+    assert slowed_curve(curve, 2.0).batch_at(1.5) == pytest.approx(4.0)  # read at the inflated load, 3.0
+    assert LatencyCurve.from_points(np.asarray([1.0]), np.asarray([1.0])).batch_at(1.0) is None

@@ -50,6 +50,8 @@ def test_a_sweep_records_how_busy_the_replica_is_at_each_load(catalog: Catalog) 
                         EngineParams(), [0.05, 0.5, 2.0], lengths, 200, 0)
     busy = [r["busy_fraction"] for r in rows]
     assert 0 < busy[0] < busy[1] < busy[2] <= 1.0
+    batch = [r["mean_batch"] for r in rows]  # the running batch while busy grows with the load, from about 1
+    assert 1.0 <= batch[0] < 1.5 and batch[0] < batch[1] < batch[2]
     # at a light load: at most load x mean run time (Little's law: the mean number in the system, which counts
     # overlapping requests once each), and not far below it when few overlap
     in_system = 0.05 * rows[0]["e2e_mean_s"]

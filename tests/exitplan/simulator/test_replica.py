@@ -47,6 +47,10 @@ def test_littles_law_holds_on_a_long_run(catalog: Catalog) -> None:
     throughput = served.sum() / np.nanmax(result.finish_s)
     assert result.mean_running == pytest.approx(throughput * in_service.mean(), rel=0.02)
     assert result.mean_running > 5  # a real batch, not a trivial case
+    # the batch while busy: the same integral over the busy time only
+    assert result.mean_batch == pytest.approx(result.mean_running * np.nanmax(result.finish_s) / result.busy_s,
+                                              rel=1e-3)
+    assert result.mean_batch >= result.mean_running
 
 
 def test_latency_is_monotone_in_load(catalog: Catalog) -> None:
