@@ -147,10 +147,10 @@ class Gpu(StrictModel):
     alone (:mod:`exitplan.simulator.colocation` applies it)."""
 
     model_slowdowns: dict[str, Annotated[float, Field(ge=0, le=10)]] = Field(default_factory=dict)
-    """Model -> its replicas' own ``neighbour_slowdown``, where ``profile_vllm`` measured that model apart: what a
-    replica loses beside busy neighbours depends on which one it is (measured 2026-12-07: the Qwen 1.5B 0.181 per busy
-    neighbour, the 0.5B 0.069); a model not named here takes ``neighbour_slowdown``, the mean over the models
-    measured."""
+    """Model -> its replicas' own ``neighbour_slowdown``, where ``profile_vllm`` measured that model apart (the mean of
+    its ``slowdown_grids`` entry, which the simulator reads instead where batches are known): what a replica loses
+    beside busy neighbours depends on which one it is; a model not named here takes ``neighbour_slowdown``, the mean
+    over the models measured."""
 
     slowdown_grids: dict[str, SlowdownGrid] = Field(default_factory=dict)
     """Model -> its neighbour slowdown by its batch and the neighbour's, where ``profile_vllm`` measured it so (it
