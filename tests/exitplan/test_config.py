@@ -70,6 +70,10 @@ def test_cross_field_rules(tmp_path: Path, tree: dict) -> None:
     tree["prepare_workload"]["datasets"] = ["gsm8k"]
     with pytest.raises(ConfigError, match=r"mix names data sets not in datasets: \['sharegpt'\]"):
         load_params(_write(tmp_path, tree))
+    tree["prepare_workload"]["datasets"] = ["gsm8k", "sharegpt"]
+    tree["profile_vllm"]["neighbour_batches"] = [4, 1, 16]
+    with pytest.raises(ConfigError, match=r"profile_vllm.neighbour_batches must increase; got \[4, 1, 16\]"):
+        load_params(_write(tmp_path, tree))
 
 
 def test_models_are_checked_against_the_catalog(tmp_path: Path, tree: dict) -> None:
