@@ -95,7 +95,7 @@ class ReplicaResult:
     num_steps: int
     kv_blocks: int
     mean_running: float
-    mean_batch: float = 0.0
+    mean_batch: float
 
 
 def kv_capacity_blocks(spec: ReplicaSpec, engine: EngineParams) -> int:

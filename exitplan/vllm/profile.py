@@ -128,14 +128,22 @@ def neighbour_grids(replicas: Sequence[tuple[str, str]], batches: Sequence[int],
             for busy in batches:
                 others = [(u, m, _prompt(rng, context)) for j, (u, m) in enumerate(replicas) if j != i
                           for _ in range(busy)]
-                ratios = []
-                for _ in range(repeats + 1):
-                    alone = asyncio.run(decode_step(url, model, prompts, tokens))
-                    ratios.append(asyncio.run(decode_step_beside(url, model, prompts, tokens, others)) / alone)
-                row.append(max(0.0, (statistics.fmean(ratios[1:]) - 1) / (len(replicas) - 1)))
+                ratio = _beside_over_alone(url, model, prompts, tokens, others, repeats)
+                row.append(max(0.0, (ratio - 1) / (len(replicas) - 1)))
             values.append(row)
         grids.append(SlowdownGrid(batches=list(batches), values=values))
     return grids
+
+
+def _beside_over_alone(url: str, model: str, prompts: Sequence[list[int]], tokens: int,
+                       others: Sequence[tuple[str, str, list[int]]], repeats: int) -> float:
+    """The mean ratio of :func:`decode_step_beside` ``others`` over :func:`decode_step` alone, timed in turn in
+    ``repeats`` pairs after one warm-up pair."""
+    ratios = []
+    for _ in range(repeats + 1):
+        alone = asyncio.run(decode_step(url, model, prompts, tokens))
+        ratios.append(asyncio.run(decode_step_beside(url, model, prompts, tokens, others)) / alone)
+    return statistics.fmean(ratios[1:])
 
 
 def batch_step_seconds(streams: Sequence[Sequence[float]]) -> float:
