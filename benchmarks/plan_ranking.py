@@ -43,7 +43,7 @@ from exitplan.planner.problem import Plan as Point
 from exitplan.planner.problem import best_under, pareto
 from exitplan.planner.scenario import describe, save_router, scenario_problem
 from exitplan.planner.search import exhaustive, fastest, fraction_grid
-from exitplan.stages.plan import router
+from exitplan.stages.plan import routed_perf, router
 from exitplan.vllm.simulate import planning_catalog
 
 FRONT_POINTS = 3
@@ -55,7 +55,8 @@ def alternatives(params, scenario, out: Path) -> dict[str, tuple[Plan, Path]]:
     fractions, RouteLLM-uniform and each single model."""
     routing, section = router(params, scenario), params.plan
     db = pd.read_parquet(perf_db_path(params))
-    problem = scenario_problem(section, scenario, db, planning_catalog(params), routing)
+    routed = routed_perf(params, scenario, routing)  # the stage's: each model's curves on the lengths it is routed
+    problem = scenario_problem(section, scenario, db, planning_catalog(params), routing, routed=routed)
     front = sorted(pareto(exhaustive(problem, section.fraction_steps)), key=lambda p: p.latency)
     picks = {f"front-{i}": front[round(j)] for i, j in enumerate(np.linspace(0, len(front) - 1, FRONT_POINTS))}
     k = len(problem.models)
@@ -69,7 +70,7 @@ def alternatives(params, scenario, out: Path) -> dict[str, tuple[Plan, Path]]:
             continue
         seen.add(_key(point))
         folder = out / name
-        plan = describe(problem, point, routing.window, db, scenario=scenario.name)
+        plan = describe(problem, point, routing.window, db, routed, scenario=scenario.name)
         write_plan(folder / PLAN_FILE, plan)
         save_router(folder / ROUTER_FILE, section.embedder, scenario.models, routing.scorer, routing.window)
         plans[name] = (plan, folder / ROUTER_FILE)

@@ -684,6 +684,13 @@ class PlanScenario(StrictModel):
     """Quality of an answer a partial replica gets wrong, in the quality-by-depth rule
     (:mod:`exitplan.planner.depth`)."""
 
+    traffic: Literal["labelled", "workload"] = "labelled"
+    """The queries the plan is for: their routing scores are the router's window (the plan's thresholds are its
+    quantiles, so a fraction of the plan is that share of them) and, on this machine's vLLM device, their lengths are
+    what each model is routed (:mod:`exitplan.planner.routed`). ``labelled``: the labelled queries (AlpacaEval's, for
+    the Llama-2 scenarios); ``workload``: ``plan.workload_sample`` of ``prepare_workload``'s queries, the traffic the
+    local fleet is sent (the Qwen labels are 48 queries per data set, the workload is half ShareGPT)."""
+
 
 class PlanParams(StrictModel):
     """Stage ``plan``: BOUTE's co-optimisation of routing and deployment, per scenario."""
@@ -711,7 +718,16 @@ class PlanParams(StrictModel):
     union is kept): a model serves only its routed share, so a layout too small for the whole load can be the
     best for part of it. Each in (0, 1]."""
 
-    @field_validator("load_shares")
+    workload_sample: int = Field(default=600, ge=16)
+    """Workload queries scored for a ``traffic: workload`` scenario (seeded by ``seed``; MiniLM embeds about 11 a
+    second here)."""
+
+    routed_shares: list[float] = Field(default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0], min_length=1)
+    """Shares of the load at which a ``traffic: workload`` scenario's smallest and largest models are simulated on
+    the lengths they are routed (this machine's vLLM device only; between two shares the curves are blended). Each in
+    (0, 1]."""
+
+    @field_validator("load_shares", "routed_shares")
     @classmethod
     def _shares_in_unit(cls, shares: list[float]) -> list[float]:
         bad = [s for s in shares if not 0 < s <= 1]

@@ -116,17 +116,24 @@ def problem_from(db: Any, prices: Mapping[str, float], available: Mapping[str, i
                  quality: Any, load: float, budget: float, metric: str, budget_points: int,
                  target_latency: float | None, shares: Sequence[float] = (1.0,),
                  sharing: Mapping[str, HostSharing] | None = None,
-                 depths: Mapping[str, Sequence[int]] | None = None, depth_quality: Any = None) -> PlanProblem:
+                 depths: Mapping[str, Sequence[int]] | None = None, depth_quality: Any = None,
+                 routed: Any = None) -> PlanProblem:
     """The co-optimisation problem: candidates per model from the perf DB (knapsack over a budget grid, at each
     share of the load the model may be routed, and at each depth it may be cut to); ``sharing`` and
     ``depth_quality`` as :class:`PlanProblem` takes them (each model's tokens per request read from ``db``);
-    ``depths``: model -> the layer counts its replicas may hold (default: full depth only)."""
+    ``depths``: model -> the layer counts its replicas may hold (default: full depth only); ``routed``: perf-DB rows
+    with a ``share`` column, simulated on the lengths each model is routed (:mod:`exitplan.planner.routed`), read
+    instead of ``db``'s for the layouts they hold."""
+    from exitplan.planner.routed import share_curves
+
     curves: dict[str, Mapping[tuple, LatencyCurve]] = {}
+    by_share: dict[str, Any] = {}
     candidates: dict[str, list[Candidate]] = {}
     budgets = np.linspace(budget / budget_points, budget, budget_points).tolist()
     for m in models:
         mine = None if depths is None else depths.get(m)
         curves[m] = deployment_curves(db, m, list(prices), metric, mine)
+        by_share[m] = share_curves(routed, m, list(prices), metric, sorted({key[3] for key in curves[m]}))
         found = []
         for layers in sorted({key[3] for key in curves[m]}):
             at = {key: c for key, c in curves[m].items() if key[3] == layers}
@@ -136,7 +143,7 @@ def problem_from(db: Any, prices: Mapping[str, float], available: Mapping[str, i
         if not candidates[m]:
             raise ExitplanError(f"{m}: no deployment fits {dict(available)} GPUs and ${budget}/h")
     return PlanProblem(list(models), candidates, curves, load, budget, available, quality,
-                       dict(sharing or {}), depth_quality, tokens_per_request(db, models))
+                       dict(sharing or {}), depth_quality, tokens_per_request(db, models), by_share)
 
 
 def read_tables(paths: Sequence[tuple[Path, str]]) -> Any:

@@ -22,6 +22,7 @@ from typing import cast
 import numpy as np
 
 from exitplan.planner.candidates import Candidate
+from exitplan.planner.routed import curves_at as routed_curves
 from exitplan.simulator.colocation import HostSharing, fixed_point, slowdowns, slowed_curve, stolen_shares
 from exitplan.simulator.curve import INF, LatencyCurve, best_split
 
@@ -68,6 +69,9 @@ class PlanProblem:
         tokens_per_request: Model -> mean output tokens of a request of the perf DB's workload (what the
             coordinator relays per request routed to it).
         depth_quality: Q(f, layers per model), used instead of ``quality`` when given (the problem plans depth).
+        routed: Model -> routed share -> (gpu, tp, pp, layers) -> latency curve simulated on the lengths the router
+            sends the model at that share (:mod:`exitplan.planner.routed`); a model or layout without them is read
+            from ``curves``.
     """
 
     models: list[str]
@@ -80,7 +84,19 @@ class PlanProblem:
     sharing: Mapping[str, HostSharing] = field(default_factory=dict)
     depth_quality: Callable[[np.ndarray, tuple[int, ...]], float] | None = None
     tokens_per_request: Mapping[str, float] = field(default_factory=dict)
+    routed: Mapping[str, Mapping[float, Mapping[tuple, LatencyCurve]]] = field(default_factory=dict)
     _cache: dict = field(default_factory=dict, repr=False)
+
+    def curves_at(self, model: int, fraction: float) -> Mapping[tuple, LatencyCurve]:
+        """A model's layouts' curves when it is routed ``fraction`` of the load (:func:`~exitplan.planner.routed.
+        curves_at`; ``curves`` when the model has no routed curves), cached."""
+        m = self.models[model]
+        if not self.routed.get(m):
+            return self.curves[m]
+        key = ("curves", model, round(float(fraction), 6))
+        if key not in self._cache:
+            self._cache[key] = routed_curves(self.curves[m], self.routed[m], float(fraction))
+        return self._cache[key]
 
     def layers_of(self, model: int, cand: int) -> int:
         """Layers each replica of a model's candidate holds."""
@@ -213,15 +229,16 @@ class PlanProblem:
         key = (model, cand, round(float(fraction), 6))
         if key not in self._cache:
             m = self.models[model]
-            self._cache[key] = float(self.candidates[m][cand].latency(fraction * self.load, self.curves[m]))
+            curves = self.curves_at(model, fraction)
+            self._cache[key] = float(self.candidates[m][cand].latency(fraction * self.load, curves))
         return self._cache[key]
 
     def headroom(self, fractions: np.ndarray, choice: Sequence[int]) -> float:
         """``log`` of the smallest ratio, over the loaded models, of a candidate's capacity (its replicas'
         summed sustainable load) to the load routed to it: ``>= 0`` when the plan can carry its load. A smooth
         measure of feasibility, for the optimiser's feasibility model."""
-        ratios = [sum(c.capacity for c in self.candidates[m][k].replica_curves(self.curves[m])) / (f * self.load)
-                  for m, k, f in zip(self.models, choice, fractions, strict=True) if f >= MIN_SHARE]
+        ratios = [sum(c.capacity for c in self.candidates[m][k].replica_curves(self.curves_at(i, f))) / (f * self.load)
+                  for i, (m, k, f) in enumerate(zip(self.models, choice, fractions, strict=True)) if f >= MIN_SHARE]
         return float(np.log(max(min(ratios, default=1.0), 1e-6)))
 
     def evaluate_plan(self, fractions: np.ndarray, choice: Sequence[int]) -> Plan:
@@ -243,8 +260,8 @@ class PlanProblem:
         GPU type holds two or more of the plan's replicas (then the plain look-up is exact)."""
         if not self.sharing:  # every GPU type owns its replicas' devices: skip on the evaluation path
             return None
-        loaded = [(self.candidates[m][k], f * self.load, self.curves[m], m)
-                  for m, k, f in zip(self.models, choice, fractions, strict=True) if f >= MIN_SHARE]
+        loaded = [(self.candidates[m][k], f * self.load, self.curves_at(i, f), m)
+                  for i, (m, k, f) in enumerate(zip(self.models, choice, fractions, strict=True)) if f >= MIN_SHARE]
         gpus = np.asarray([g.gpu for cand, _, _, _ in loaded for g in cand.groups for _ in range(g.dp)])
         names = [m for cand, _, _, m in loaded for g in cand.groups for _ in range(g.dp)]
         tokens = np.asarray([self.tokens_per_request.get(m, 0.0) for m in names])

@@ -29,6 +29,10 @@ from exitplan.simulator.colocation import HostSharing
 FRONT_FILE = "front.parquet"
 """The MOBO evaluations, the exhaustive front and the baselines of a scenario (one row per plan)."""
 
+ROUTED_FILE = "routed_perf.parquet"
+"""The perf-DB rows a scenario's models were read from by routed share, when it has them (one row per model x
+layout x share x load)."""
+
 PLOT_FILE = "front.png"
 """P95 vs quality of a scenario's plans."""
 
@@ -50,11 +54,13 @@ def binding_constraint(truth: list, scenario: PlanScenario) -> str:
             f"{fastest.latency:.3f} s (${fastest.cost:.2f}/h)")
 
 
-def describe(problem: Any, plan: Any, window: np.ndarray, db: Any, **extra: Any) -> Plan:
+def describe(problem: Any, plan: Any, window: np.ndarray, db: Any, routed: Any = None, **extra: Any) -> Plan:
     """The plan file: per model its fraction, threshold, GPU groups, replica load weights, predicted P95 (with
     co-located replicas slowed by their neighbours, as the plan was evaluated) and P99 (``db``: the perf DB the P99
-    curves come from; ``extra``: the scenario's other fields of :class:`Plan`)."""
+    curves come from, ``routed`` its rows by routed share where the problem has them; ``extra``: the scenario's other
+    fields of :class:`Plan`)."""
     from exitplan.planner.build import deployment_curves
+    from exitplan.planner.routed import curves_at, share_curves
     from exitplan.routing.fractions import thresholds
     from exitplan.simulator.curve import best_split
 
@@ -67,9 +73,10 @@ def describe(problem: Any, plan: Any, window: np.ndarray, db: Any, **extra: Any)
         entry: dict[str, Any] = {"model": m, "fraction": f, "load_qps": load, "deployed": f >= 1e-3,
                                  "full_layers": problem.depths(i)[-1], "quality_source": quality_source(problem, i, c)}
         if f >= 1e-3:
-            weights, p95 = best_split(load, cand.replica_curves(problem.curves[m]))
-            p99_curves = deployment_curves(db, m, [g.gpu for g in cand.groups], "e2e_p99_s",
-                                           [g.layers for g in cand.groups])
+            weights, p95 = best_split(load, cand.replica_curves(problem.curves_at(i, f)))
+            gpus, layers = [g.gpu for g in cand.groups], [g.layers for g in cand.groups]
+            p99_curves = curves_at(deployment_curves(db, m, gpus, "e2e_p99_s", layers),
+                                   share_curves(routed, m, gpus, "e2e_p99_s", layers), f)
             _, p99 = best_split(load, cand.replica_curves(p99_curves))
             p95 = next(shared, p95)  # slowed by host neighbours (P99 as if alone)
             entry.update(cost_per_hour=cand.cost, predicted_p95_s=p95, predicted_p99_s=p99,
@@ -211,12 +218,14 @@ def scenario_depths(scenario: PlanScenario, db: Any, catalog: Catalog, routing: 
 
 
 def scenario_problem(section: PlanParams, scenario: PlanScenario, db: Any, catalog: Catalog,
-                     routing: TrainedRouter, agreement: Mapping[str, Mapping[int, float]] | None = None) -> PlanProblem:
+                     routing: TrainedRouter, agreement: Mapping[str, Mapping[int, float]] | None = None,
+                     routed: Any = None) -> PlanProblem:
     """The scenario's co-optimisation problem: deployment candidates per model from ``db`` (knapsack per model,
     load share and depth) within its GPUs and budget, with the router's quality function (Q(f, depths) when the
     scenario plans depth: :func:`scenario_depths`, ``agreement`` the exit profile's); replicas on a GPU type whose
     replicas share a host (the catalog's ``neighbour_slowdown``, ``host_slots`` and the coordinator's costs: this
-    machine's vLLM device) slow each other."""
+    machine's vLLM device) slow each other; ``routed``: perf-DB rows by routed share (:mod:`exitplan.planner.
+    routed`), read instead of ``db``'s where they exist."""
     from exitplan.planner.build import problem_from
 
     prices = {g: catalog.gpu(g).price_per_hour for g in scenario.gpus}
@@ -226,12 +235,12 @@ def scenario_problem(section: PlanParams, scenario: PlanScenario, db: Any, catal
                        else (None, None))
     return problem_from(db, prices, scenario.gpus, scenario.models, routing.quality, scenario.load_qps,
                         scenario.budget_per_hour, section.metric, section.budget_points, scenario.max_p95_s,
-                        section.load_shares, shared, depths, quality)
+                        section.load_shares, shared, depths, quality, routed)
 
 
 def plan_scenario(section: PlanParams, scenario: PlanScenario, db: Any, catalog: Catalog, routing: TrainedRouter,
                   out: Path, reports: Path, progress: Callable[[str], None] | None = None,
-                  agreement: Mapping[str, Mapping[int, float]] | None = None) -> dict[str, Any]:
+                  agreement: Mapping[str, Mapping[int, float]] | None = None, routed: Any = None) -> dict[str, Any]:
     """Optimise one scenario on ``db`` and write its plan, front, router (under ``out``) and plot (``reports``).
 
     Args:
@@ -244,6 +253,8 @@ def plan_scenario(section: PlanParams, scenario: PlanScenario, db: Any, catalog:
         reports: Folder of ``front.png``.
         progress: Called with a line as each part starts.
         agreement: The exit profile's agreement by exit per model (for a scenario that plans depth).
+        routed: Perf-DB rows simulated on the lengths each model is routed, by share (:mod:`exitplan.planner.routed`;
+            none: every model is read from ``db``).
 
     Returns:
         ``plan`` (the typed plan), the paths written, and ``times`` (``mobo_seconds``, ``seconds``).
@@ -260,7 +271,7 @@ def plan_scenario(section: PlanParams, scenario: PlanScenario, db: Any, catalog:
     say = progress or (lambda _line: None)
     started = time.perf_counter()
     say("deployment candidates (knapsack per model and load share)")
-    problem = scenario_problem(section, scenario, db, catalog, routing, agreement)
+    problem = scenario_problem(section, scenario, db, catalog, routing, agreement, routed)
     say(f"MOBO, {section.evaluations} evaluations")
     mobo = optimise(problem, section.evaluations, section.initial, section.batch, section.seed, beta=section.beta,
                     max_latency=scenario.max_p95_s, min_quality=scenario.min_quality or None,
@@ -277,7 +288,9 @@ def plan_scenario(section: PlanParams, scenario: PlanScenario, db: Any, catalog:
     if chosen is None:
         raise ExitplanError(f"plan {scenario.name}: {binding_constraint(truth, scenario)}")
     write_parquet(out / FRONT_FILE, _front_frame(mobo.plans, truth, marks))
-    plan = describe(problem, chosen, routing.window, db, scenario=scenario.name,
+    if routed is not None:
+        write_parquet(out / ROUTED_FILE, routed)
+    plan = describe(problem, chosen, routing.window, db, routed, scenario=scenario.name,
                     slo={"max_p95_s": scenario.max_p95_s, "min_quality": scenario.min_quality},
                     baselines={k: (None if p is None else Baseline(p95_s=p.latency, quality=p.quality, cost=p.cost))
                                for k, p in marks.items()},

@@ -34,6 +34,8 @@ class TrainedRouter:
         held_qualities: Their quality on each model (``held_out x models``).
         held_rows: Their rows in the labelled queries given to :func:`train_router`.
         held_depth: (model, cut depth) -> their quality on the model cut there, where labels exist at that depth.
+        window_lengths: Prompt and answer tokens of each query of ``window`` (``queries x 2``), when the window is a
+            sample of the workload rather than the labelled queries (empty: not known).
     """
 
     scorer: EmbeddingScorer
@@ -49,6 +51,7 @@ class TrainedRouter:
     held_qualities: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     held_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
     held_depth: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+    window_lengths: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=int))
 
 
 def train_router(vectors: np.ndarray, qualities: np.ndarray, seed: int, train_share: float,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -53,6 +54,24 @@ class LatencyCurve:
             return cls(qps[:0], latency[:0], 0.0, busy, batch)
         kept_q, kept_l = qps[:stop], np.maximum.accumulate(latency[:stop])
         return cls(kept_q, kept_l, float(kept_q[-1]), busy, batch)
+
+    def blend(self, other: LatencyCurve, weight: float) -> LatencyCurve:
+        """``1 - weight`` of this curve and ``weight`` of ``other``, point by point on the grid loads both hold up to
+        the smaller capacity (latency, busy share and batch alike; a field either lacks is dropped).
+
+        Raises:
+            SimulationError: when the two curves were not taken on the same grid of loads.
+        """
+        n = min(len(self.qps), len(other.qps))
+        if not np.allclose(self.qps[:n], other.qps[:n]):
+            raise SimulationError("cannot blend latency curves taken on different grids of loads")
+
+        def mix(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None or b is None else (1 - weight) * a[:n] + weight * b[:n]
+
+        latency = cast(np.ndarray, mix(self.latency, other.latency))
+        return LatencyCurve(self.qps[:n], latency, float(self.qps[n - 1]) if n else 0.0,
+                            mix(self.busy, other.busy), mix(self.batch, other.batch))
 
     def busy_at(self, load: float) -> float:
         """Share of the time the replica is busy at ``load``: linear from 0 at no load to the first grid point, then

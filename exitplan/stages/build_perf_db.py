@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from exitplan.artifacts import perf_db_path, queries_path, vllm_device_path
 from exitplan.atomic import write_atomic, write_json, write_parquet
 from exitplan.catalog import load_catalog
-from exitplan.config import Params
+from exitplan.config import DaskParams, Params
 from exitplan.errors import WorkloadError
 from exitplan.files import read_table
 from exitplan.simulator.perf_db import build_perf_db
@@ -70,40 +71,53 @@ def plot_curves(db: Any, out_dir: Path) -> list[Path]:
     return paths
 
 
-def workload_lengths(params: Params) -> tuple[Any, Any]:
-    """(prompt, answer) token counts of the workload's queries that this machine's replicas serve: the prompts the
-    local fleet is sent (``fleet_vs_plan`` and ``plan_ranking`` replay them), answers cut to
+def workload_queries(params: Params) -> Any:
+    """The workload's queries that this machine's replicas serve: the prompts the local fleet is sent
+    (``fleet_vs_plan`` and ``plan_ranking`` replay them), answers (``output_len``) cut to
     ``build_perf_db.vllm_max_output_len``, those too long for ``vllm.max_model_len`` left out (vLLM rejects them).
 
     Raises:
         WorkloadError: no queries file, or no query fits.
     """
-    import numpy as np
-
     path, cap = queries_path(params), params.build_perf_db.vllm_max_output_len
-    queries = read_table(path, "query table", ["prompt_len", "output_len"], WorkloadError,
+    queries = read_table(path, "query table", ["prompt", "prompt_len", "output_len"], WorkloadError,
                          "run the prepare_workload stage first")
     fits = queries[(queries["prompt_len"] > 0) & (queries["prompt_len"] + cap <= params.vllm.max_model_len)]
     if fits.empty:
         raise WorkloadError(f"no query of {path} fits vllm.max_model_len={params.vllm.max_model_len} with "
                             f"{cap} answer tokens")
-    return fits["prompt_len"].to_numpy(), np.clip(fits["output_len"].to_numpy(), 1, cap)
+    return fits.assign(output_len=fits["output_len"].clip(1, cap)).reset_index(drop=True)
 
 
-def _vllm_rows(params: Params) -> Any:
+def workload_lengths(params: Params) -> tuple[Any, Any]:
+    """(prompt, answer) token counts of :func:`workload_queries`."""
+    fits = workload_queries(params)
+    return fits["prompt_len"].to_numpy(), fits["output_len"].to_numpy()
+
+
+def vllm_rows(params: Params, lengths: Mapping[str, tuple[Any, Any]] | None = None, partial: bool = True,
+              dask: DaskParams | None = None) -> Any:
     """The perf DB of the vLLM replicas of this machine: ``profile_vllm``'s device and engine knobs, the profiled
     models that the perf DB covers, on ``vllm_qps``, with the workload's own lengths (:func:`workload_lengths`: a
     plan for this fleet is a plan for the prompts it serves; GSM8K's lengths, the other models' trace, have a P95
-    prompt of about 100 tokens where the workload's is about 1,300, and a prefill of that costs seconds here)."""
+    prompt of about 100 tokens where the workload's is about 1,300, and a prefill of that costs seconds here).
+
+    Args:
+        params: The pipeline's parameters.
+        lengths: Model -> its own (prompt, answer) lengths instead (those models only: the lengths a router sends
+            each, :mod:`exitplan.planner.routed`).
+        partial: Sweep the partial replicas of ``build_perf_db.partial_layers`` too (else full depth only).
+        dask: Where the layouts are swept (default: ``params.dask``; in this process from within a Dask worker).
+    """
     from exitplan.vllm.simulate import planning_catalog, read_vllm_device, vllm_engine
 
     section = params.build_perf_db
     device = read_vllm_device(vllm_device_path(params))
-    models = [m for m in params.profile_vllm.models if m in section.models]
-    cut = workload_lengths(params)
+    models = [m for m in params.profile_vllm.models if m in section.models and (lengths is None or m in lengths)]
+    cut = workload_lengths(params) if lengths is None else next(iter(lengths.values()))
     return build_perf_db(planning_catalog(params), models, [device.gpu.id], vllm_engine(device), section.vllm_qps, cut,
-                         section.requests_per_point, section.seed, 1, [1.0], params.dask,
-                         partial_layers=section.partial_layers)
+                         section.requests_per_point, section.seed, 1, [1.0], dask or params.dask, model_lengths=lengths,
+                         partial_layers=section.partial_layers if partial else None)
 
 
 def main(params: Params) -> dict[str, Any]:
@@ -119,7 +133,7 @@ def main(params: Params) -> dict[str, Any]:
                        section.layer_fractions, params.dask, model_lengths=own,
                        partial_layers=section.partial_layers)
     if section.vllm_device:
-        db = pd.concat([db, _vllm_rows(params)], ignore_index=True)
+        db = pd.concat([db, vllm_rows(params)], ignore_index=True)
     seconds = time.perf_counter() - started
     reports = params.path("reports") / STAGE
     write_parquet(perf_db_path(params), db)

@@ -14,9 +14,10 @@ from exitplan.artifacts import (
     perf_db_path,
     plan_dir,
     queries_path,
+    vllm_device_path,
 )
 from exitplan.atomic import write_json
-from exitplan.config import Params, PlanScenario
+from exitplan.config import DaskParams, Params, PlanScenario
 from exitplan.errors import LabelsNotFound
 from exitplan.tracking import register_plan
 
@@ -39,8 +40,49 @@ def router(params: Params, scenario: PlanScenario) -> TrainedRouter:
                           (imported_path(params, LABELS_FILE), "import_labels")])
     queries = read_tables([(queries_path(params), "prepare_workload"),
                            (imported_path(params, QUERIES_FILE), "import_labels")])
-    return train_on_labels(params.plan, labels, queries, scenario.models,
-                           params.checkpoint_path(params.plan.embedder))
+    routing = train_on_labels(params.plan, labels, queries, scenario.models,
+                              params.checkpoint_path(params.plan.embedder))
+    return routing if scenario.traffic == "labelled" else workload_window(params, routing)
+
+
+def workload_window(params: Params, routing: TrainedRouter) -> TrainedRouter:
+    """``routing`` with its window made of ``plan.workload_sample`` workload queries (those this machine's replicas
+    serve, sampled with ``plan.seed``): their scores, and their prompt and answer tokens.
+
+    Raises:
+        WorkloadError: no queries file, or no query fits the replicas.
+    """
+    from dataclasses import replace
+
+    import numpy as np
+
+    from exitplan.routing.scores import embed
+    from exitplan.stages.build_perf_db import workload_queries
+
+    queries = workload_queries(params)
+    sample = queries.sample(n=min(params.plan.workload_sample, len(queries)), random_state=params.plan.seed)
+    scores = routing.scorer.score(embed(params.checkpoint_path(params.plan.embedder), sample["prompt"].tolist()))
+    return replace(routing, window=np.asarray(scores, float),
+                   window_lengths=sample[["prompt_len", "output_len"]].to_numpy(int))
+
+
+def routed_perf(params: Params, scenario: PlanScenario, routing: TrainedRouter) -> Any:
+    """Perf-DB rows of the scenario's smallest and largest models on this machine's vLLM device, simulated on the
+    lengths of the window's queries each is routed at each of ``plan.routed_shares`` (:mod:`exitplan.planner.
+    routed`); ``None`` when the window's lengths are not known (``traffic: labelled``) or the scenario does not use
+    the vLLM device."""
+    from exitplan.planner.routed import routed_db
+    from exitplan.stages.build_perf_db import vllm_rows
+    from exitplan.vllm.simulate import read_vllm_device
+
+    if not len(routing.window_lengths) or not params.build_perf_db.vllm_device:
+        return None
+    if read_vllm_device(vllm_device_path(params)).gpu.id not in scenario.gpus:
+        return None
+    lengths = (routing.window_lengths[:, 0], routing.window_lengths[:, 1])
+    here = DaskParams(workers=1)  # a few layouts per share, and the stage runs each scenario on a Dask worker
+    return routed_db(routing.window, lengths, scenario.models, params.plan.routed_shares,
+                     lambda own: vllm_rows(params, own, scenario.depths, here))
 
 
 def exit_agreement(params: Params, scenario: PlanScenario) -> dict[str, dict[int, float]]:
@@ -70,7 +112,8 @@ def run_scenario(params: Params, scenario: PlanScenario) -> dict[str, Any]:
     db = pd.read_parquet(perf_db_path(params))
     catalog = planning_catalog(params)  # the catalog's GPUs and this machine's vLLM device
     result = plan_scenario(params.plan, scenario, db, catalog, routing, plan_dir(params, scenario.name),
-                           params.path("reports") / STAGE / scenario.name, agreement=exit_agreement(params, scenario))
+                           params.path("reports") / STAGE / scenario.name, agreement=exit_agreement(params, scenario),
+                           routed=routed_perf(params, scenario, routing))
     result["times"]["seconds"] = time.perf_counter() - started
     return result
 

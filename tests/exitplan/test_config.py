@@ -172,3 +172,14 @@ def test_a_published_agreement_outside_the_unit_interval_is_named(tmp_path: Path
         scenario["depth_agreement"] = {"meta-llama/Llama-2-7b-hf": {8: bad}}
         with pytest.raises(ConfigError, match=r"depth_agreement.meta-llama/Llama-2-7b-hf.8: "):
             load_params(_write(tmp_path, tree))
+
+
+def test_a_scenarios_traffic_and_the_routed_shares_are_checked(tmp_path: Path, tree: dict) -> None:
+    tree["plan"]["scenarios"][0]["traffic"] = "everything"
+    tree["plan"]["routed_shares"] = [0.5, 0.0]
+    tree["plan"]["workload_sample"] = 3
+    with pytest.raises(ConfigError) as err:
+        load_params(_write(tmp_path, tree))
+    keys = sorted(p.split(":")[0] for p in err.value.problems)
+    assert keys == ["plan.routed_shares", "plan.scenarios.0.traffic", "plan.workload_sample"]
+    assert any(r"(0, 1]; got [0.0]" in p for p in err.value.problems)

@@ -33,6 +33,6 @@ def test_the_workloads_lengths_are_cut_and_the_unservable_left_out(params, tmp_p
 def test_missing_or_unservable_queries_are_named(params, tmp_path) -> None:
     with pytest.raises(WorkloadError, match="run the prepare_workload stage"):
         workload_lengths(params)
-    pd.DataFrame({"prompt_len": [2000], "output_len": [3]}).to_parquet(tmp_path / "queries.parquet")
+    pd.DataFrame({"prompt": ["a"], "prompt_len": [2000], "output_len": [3]}).to_parquet(tmp_path / "queries.parquet")
     with pytest.raises(WorkloadError, match="max_model_len=1000"):
         workload_lengths(params)
