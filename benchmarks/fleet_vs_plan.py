@@ -172,17 +172,19 @@ def scorer_queue(sent_s: np.ndarray, score_s: np.ndarray) -> np.ndarray:
     return out
 
 
-def predict(catalog, frame: pd.DataFrame, device, prefix: str, layers: Mapping[str, int | None]) -> pd.DataFrame:
+def predict(catalog, frame: pd.DataFrame, device, prefix: str, layers: Mapping[str, int | None],
+            timed: bool = False) -> pd.DataFrame:
     """The prediction of each request's TTFT, TPOT and E2E (columns ``<prefix>_<metric>``): its routing score's time
     (``route_s``), then the simulator's replica of its model on ``device`` (holding ``layers[model]``: all when
-    ``None``), reached when the score is known."""
+    ``None``), reached when the score is known (``timed``: neighbours slow a replica only while they are busy)."""
     out = frame.copy()
     groups = [(model, rows.assign(at_s=rows["sent_s"] + rows["route_s"]).sort_values("at_s"))
               for model, rows in frame.groupby("model")]
     request_sets = [RequestSet(rows["at_s"].to_numpy(float), rows["prompt_len"].to_numpy(np.int64),
                                rows["tokens"].clip(lower=1).to_numpy(np.int64)) for _, rows in groups]
     sims = [replica_simulator(device, catalog.llm(model), layers.get(model)) for model, _ in groups]
-    results, _ = simulate_colocated(sims, request_sets, HostSharing.of(device.gpu), [model for model, _ in groups])
+    results, _ = simulate_colocated(sims, request_sets, HostSharing.of(device.gpu), [model for model, _ in groups],
+                                    timed)
     for (_, rows), requests, result in zip(groups, request_sets, results, strict=True):
         ttft = result.first_token_s - requests.arrival_s + rows["route_s"].to_numpy(float)
         e2e = result.finish_s - requests.arrival_s + rows["route_s"].to_numpy(float)
@@ -194,7 +196,9 @@ def predict(catalog, frame: pd.DataFrame, device, prefix: str, layers: Mapping[s
 
 
 NO_NEIGHBOURS = {"neighbour_slowdown": 0.0, "model_slowdowns": {}, "slowdown_grids": {}}
+TIMED = "the model, neighbours felt only while busy (timed)"
 SHARING_TERMS = {"neighbours by batch and coordinator (the model)": {},
+                 TIMED: {},
                  "neighbours one figure per model (no batches)": {"slowdown_grids": {}},
                  "neighbours as one device-wide figure": {"model_slowdowns": {}, "slowdown_grids": {}},
                  "coordinator only (neighbour_slowdown 0)": NO_NEIGHBOURS,
@@ -210,7 +214,8 @@ def terms_table(catalog, frames: list[pd.DataFrame], device, layers: Mapping[str
     for name, update in SHARING_TERMS.items():
         gpu = device.gpu.model_copy(update=update)
         variant = device.model_copy(update={"gpu": gpu})
-        again = [predict(catalog, f.rename(columns={"who": "model"}), variant, "raw", layers) for f in frames]
+        again = [predict(catalog, f.rename(columns={"who": "model"}), variant, "raw", layers, name == TIMED)
+                 for f in frames]
         table = pd.concat([cells(a.assign(cor_ttft=a["raw_ttft"], cor_tpot=a["raw_tpot"], cor_e2e=a["raw_e2e"])
                                  .rename(columns={"model": "who"}), float(a["qps"].iloc[0])) for a in again])
         print(f"  {name:<48} median {table['raw_err'].median():6.1%}  max {table['raw_err'].max():6.1%}")

@@ -137,9 +137,13 @@ def merged_catalog(base: Catalog, additions: CatalogAdditions, where: str) -> Ca
 
 
 def _check_scenario(spec: FleetFile, catalog: Catalog, where: str) -> None:
-    """Every GPU and model of the scenario is in the catalog (with its additions), and models are not embedders."""
+    """Every GPU and model of the scenario is in the catalog (with its additions), models are not embedders, and the
+    traffic is the labelled queries (the file's labels are its traffic: there is no workload sample to route)."""
     problems = [f"scenario.gpus: unknown GPU '{g}' (not in the catalog nor in this file's catalog.gpus)"
                 for g in spec.scenario.gpus if not catalog.has_gpu(g)]
+    if spec.scenario.traffic != "labelled":
+        problems.append(f"scenario.traffic: '{spec.scenario.traffic}' is the pipeline's (prepare_workload's queries); "
+                        f"a fleet file plans for its labelled queries: leave it out or set 'labelled'")
     for name in spec.scenario.models:
         found = catalog.find_model(name)
         if found is None:

@@ -13,6 +13,13 @@ exactly as the replica at full speed serving ``a / s``, its clock stretched by `
 share is the same either way (and so is its mean batch while busy). The busy shares and batches depend on the
 slowdowns (a slowed replica is busy longer), so the two are iterated to a fixed point, half a step at a time. A
 device whose replicas do not share a host (every catalog GPU) has ``c = 0``, and nothing here changes its figures.
+
+A simulation of given requests may go on from there (``timed``): each replica run again with its steps slowed only
+while each neighbour is busy (its iterations in the latest run of it, :class:`StepPace`), replica after replica until
+the finish times settle - at light load the mean field gives every request ``c u``, where a request that overlaps a
+neighbour's loses ``c`` and one that does not loses nothing (the 2026-12-07 fleet at 0.1 req/s: the 0.5B's requests
+that overlapped a 1.5B request decoded at 1.23x the mean field's prediction, median, those that did not at 1.10x). On
+three sweeps' requests it was no closer than the mean field, so it is a term the fleet check prints, not the default.
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ ROUNDS = 30
 TOLERANCE = 1e-4
 """The fixed point is reached when no slowdown moves by more than this in a round."""
 
+
+TIMED_ROUNDS = 8
+"""Most rounds of replicas slowed only while their neighbours are busy (:func:`timed_rounds`)."""
 
 MAX_STOLEN = 0.9
 """Largest share of a replica's busy time the coordinator is taken to use (beyond it the host is overloaded and the
@@ -155,22 +165,61 @@ def run_slowed(sim: ReplicaSimulator, requests: RequestSet, slowdown: float) -> 
     fast = sim.run(RequestSet(requests.arrival_s / slowdown, requests.prompt_len, requests.output_len))
     return replace(fast, requests=requests, first_token_s=fast.first_token_s * slowdown,
                    finish_s=fast.finish_s * slowdown, scheduled_s=fast.scheduled_s * slowdown,
-                   busy_s=fast.busy_s * slowdown)
+                   busy_s=fast.busy_s * slowdown, busy_intervals=fast.busy_intervals * slowdown)
+
+
+@dataclass(frozen=True)
+class StepPace:
+    """A replica's step-time multiplier over time, ``base (1 + sum_j c_j)`` over the neighbours ``j`` busy at that
+    time (a :class:`~exitplan.simulator.replica.Pace`).
+
+    Attributes:
+        edges: The times the multiplier changes, increasing.
+        values: The multiplier before ``edges[0]``, then after each edge (one more than ``edges``).
+    """
+
+    edges: np.ndarray
+    values: np.ndarray
+
+    @classmethod
+    def of(cls, base: float, neighbours: Sequence[tuple[float, np.ndarray]]) -> StepPace:
+        """The pace of a replica whose steps take ``base`` times as long always, and ``c`` more of that while each
+        neighbour is busy (``(c, busy intervals k x 2)`` per neighbour)."""
+        times = np.concatenate([np.zeros(0), *(iv.reshape(-1, 2).T.ravel() for _, iv in neighbours)])
+        deltas = np.concatenate([np.zeros(0), *(np.repeat([c, -c], len(iv.reshape(-1, 2))) for c, iv in neighbours)])
+        order = np.argsort(times, kind="stable")
+        edges, last = np.unique(times[order], return_index=False, return_counts=True)
+        level = np.cumsum(deltas[order])[np.cumsum(last) - 1] if len(edges) else np.zeros(0)
+        return cls(edges, base * (1.0 + np.concatenate([[0.0], np.maximum(level, 0.0)])))
+
+    def at(self, t: float) -> float:
+        """The multiplier of an iteration that starts at ``t``."""
+        return float(self.values[int(np.searchsorted(self.edges, t, side="right"))])
+
+    def next_change(self, t: float) -> float:
+        """The first edge after ``t`` (inf: none)."""
+        i = int(np.searchsorted(self.edges, t, side="right"))
+        return float(self.edges[i]) if i < len(self.edges) else float("inf")
 
 
 def simulate_colocated(sims: Sequence[ReplicaSimulator], requests: Sequence[RequestSet], sharing: HostSharing,
-                       models: Sequence[str | None] | None = None) -> tuple[list[ReplicaResult], np.ndarray]:
-    """Replicas of one host, each serving its own requests, slowed by their neighbours' busy shares and the
-    coordinator's work over the whole run (first arrival to last finish of any).
+                       models: Sequence[str | None] | None = None,
+                       timed: bool = False) -> tuple[list[ReplicaResult], np.ndarray]:
+    """Replicas of one host, each serving its own requests, slowed by their neighbours and the coordinator's work
+    over the whole run (first arrival to last finish of any): the mean field.
 
     Args:
         sims: Each replica's simulator.
         requests: The requests each serves.
         sharing: How the device's replicas share the host.
         models: Each replica's model (its own neighbour slowdown); none: the device's for all.
+        timed: Then run :func:`timed_rounds` from the mean field's ``c_rj`` and coordinator shares: each replica's
+            steps slowed only while each neighbour is busy. Off by default: on three fleet sweeps' requests it
+            was no closer (`docs/measurements.md`, 2026-12-07 fourteenth session), so the fleet check prints it as
+            one of its terms.
 
     Returns:
-        Each replica's result and its slowdown.
+        Each replica's result and its mean-field slowdown.
     """
     start = min(float(r.arrival_s[0]) for r in requests)
     request_count = sum(len(r.arrival_s) for r in requests)
@@ -178,20 +227,44 @@ def simulate_colocated(sims: Sequence[ReplicaSimulator], requests: Sequence[Requ
     def runs(s: np.ndarray) -> list[ReplicaResult]:
         return [run_slowed(sim, r, float(x)) for sim, r, x in zip(sims, requests, s, strict=True)]
 
-    def update(s: np.ndarray) -> np.ndarray:
-        results = runs(s)
+    def terms(results: list[ReplicaResult]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         span = max(max(float(np.nanmax(res.finish_s)) for res in results) - start, 1e-12)
         busy = np.asarray([res.busy_s / span for res in results])
         tokens = np.asarray([float(np.sum(res.requests.output_len[np.isfinite(res.finish_s)])) / span
                              for res in results])
         own = sharing.pairwise(names, [res.mean_batch for res in results])
-        return slowdowns(busy, own, stolen_shares(busy, tokens, request_count / span, sharing))
+        return busy, own, stolen_shares(busy, tokens, request_count / span, sharing)
+
+    def update(s: np.ndarray) -> np.ndarray:
+        return slowdowns(*terms(runs(s)))
 
     names = list(models) if models is not None else [None] * len(sims)
-    s = np.ones(len(sims))
-    if sharing.slows(len(sims)):
-        s = fixed_point(update, len(sims))
-    return runs(s), s
+    if not sharing.slows(len(sims)):
+        return runs(np.ones(len(sims))), np.ones(len(sims))
+    s = fixed_point(update, len(sims))
+    first = runs(s)
+    if not timed:
+        return first, s
+    _, pairs, stolen = terms(first)
+    return timed_rounds(sims, requests, pairs, 1.0 / (1.0 - stolen), first), s
+
+
+def timed_rounds(sims: Sequence[ReplicaSimulator], requests: Sequence[RequestSet], pairs: np.ndarray,
+                 base: np.ndarray, results: list[ReplicaResult]) -> list[ReplicaResult]:
+    """Replicas run again, each slowed by ``pairs[r, j]`` only while neighbour ``j`` is busy (its intervals in the
+    latest run of it) and by ``base[r]`` always, replica after replica, until no finish time moves by a millisecond
+    (at most :data:`TIMED_ROUNDS` rounds)."""
+    results = list(results)
+    for _ in range(TIMED_ROUNDS):
+        before = [res.finish_s for res in results]
+        for r, (sim, load) in enumerate(zip(sims, requests, strict=True)):
+            others = [(float(pairs[r, j]), results[j].busy_intervals) for j in range(len(sims)) if j != r]
+            results[r] = sim.run(load, StepPace.of(float(base[r]), others))
+        moved = max(float(np.nanmax(np.abs(res.finish_s - b), initial=0.0)) for res, b in zip(results, before,
+                                                                                            strict=True))
+        if moved < 1e-3:
+            break
+    return results
 
 
 def slowed_curve(curve: LatencyCurve, slowdown: float) -> LatencyCurve:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -82,6 +83,8 @@ class ReplicaResult:
         mean_running: Time-average number of sequences in the running batch over the whole run (idle included).
         mean_batch: Time-average number of sequences in the running batch while the replica was busy (what a
             neighbour on the same host feels, :mod:`exitplan.simulator.colocation`).
+        busy_intervals: ``(start, end)`` of each stretch of back-to-back iterations, ``k x 2`` (when a neighbour on
+            the same host was slowed by it).
     """
 
     requests: RequestSet
@@ -96,6 +99,7 @@ class ReplicaResult:
     kv_blocks: int
     mean_running: float
     mean_batch: float
+    busy_intervals: np.ndarray
 
 
 def kv_capacity_blocks(spec: ReplicaSpec, engine: EngineParams) -> int:
@@ -134,16 +138,30 @@ class ReplicaSimulator:
         self.token_budget = self.engine.batched_tokens(self.max_model_len)
         self.watermark_blocks = int(self.engine.watermark * self.total_blocks)
 
-    def run(self, requests: RequestSet) -> ReplicaResult:
-        """Serve every request and return what happened to each."""
-        return _Run(self, requests).simulate()
+    def run(self, requests: RequestSet, pace: Pace | None = None) -> ReplicaResult:
+        """Serve every request and return what happened to each (each iteration ``pace.at(t)`` times as long as the
+        cost model says, ``t`` its start; none: 1)."""
+        return _Run(self, requests, pace).simulate()
+
+
+class Pace(Protocol):
+    """A step-time multiplier that changes at known times (a replica slowed while its neighbours are busy)."""
+
+    def at(self, t: float) -> float:
+        """The multiplier of an iteration that starts at ``t``."""
+        ...
+
+    def next_change(self, t: float) -> float:
+        """The first time after ``t`` at which the multiplier changes (inf: never)."""
+        ...
 
 
 class _Run:
     """The mutable state of one simulation (kept apart so the simulator itself stays reusable)."""
 
-    def __init__(self, sim: ReplicaSimulator, requests: RequestSet) -> None:
-        self.sim, self.req = sim, requests
+    def __init__(self, sim: ReplicaSimulator, requests: RequestSet, pace: Pace | None = None) -> None:
+        self.sim, self.req, self.pace = sim, requests, pace
+        self.intervals: list[list[float]] = []
         n = len(requests)
         self.prompt = requests.prompt_len.astype(np.int64)
         self.out = requests.output_len.astype(np.int64)
@@ -178,8 +196,16 @@ class _Run:
         used_after = self.sim.total_blocks - self.free
         self.kv_integral += 0.5 * (used_before + used_after) * dt
         self.running_integral += len(self.r_id) * dt
+        if self.intervals and self.intervals[-1][1] >= self.t - 1e-12:
+            self.intervals[-1][1] = self.t + dt
+        else:
+            self.intervals.append([self.t, self.t + dt])
         self.t += dt
         self.busy += dt
+
+    def _paced(self, dt: float) -> float:
+        """``dt`` at the pace of an iteration starting now."""
+        return dt if self.pace is None else dt * self.pace.at(self.t)
 
     def _admit_arrivals(self) -> None:
         arrivals = self.req.arrival_s
@@ -250,7 +276,7 @@ class _Run:
         new = np.zeros(len(self.r_id), dtype=bool)
         new[-len(taken):] = True
         chunks = np.where(new, self.r_plen, 0)
-        dt = self.sim.cost.prefill_time(chunks[new], np.zeros(len(taken)))
+        dt = self._paced(self.sim.cost.prefill_time(chunks[new], np.zeros(len(taken))))
         self._finish_step(dt, chunks, np.zeros(len(self.r_id), dtype=bool))
         return True
 
@@ -281,8 +307,8 @@ class _Run:
             return False
         has_chunk = chunks > 0
         completes = has_chunk & (self.r_kv + chunks >= self.r_plen)
-        dt = sim.cost.prefill_time(chunks[has_chunk], self.r_kv[has_chunk], float(self.r_kv[decodes].sum()),
-                                   int(decodes.sum()), int(completes.sum()))
+        dt = self._paced(sim.cost.prefill_time(chunks[has_chunk], self.r_kv[has_chunk], float(self.r_kv[decodes].sum()),
+                                               int(decodes.sum()), int(completes.sum())))
         self._finish_step(dt, chunks, decodes)
         return True
 
@@ -351,6 +377,9 @@ class _Run:
             if steps == 0:  # a single sequence that the cache cannot hold any longer
                 raise SimulationError(f"a KV cache of {sim.total_blocks} blocks cannot hold one sequence")
         times = sim.cost.decode_times(len(self.r_id), float(self.r_kv.sum()), steps)
+        if self.pace is not None:  # the run stops at the first step that crosses a change of pace
+            times = times * self.pace.at(self.t)
+            steps = min(steps, int(np.searchsorted(np.cumsum(times), self.pace.next_change(self.t) - self.t)) + 1)
         cum = np.cumsum(times)
         if not self.waiting and self.next_arrival < len(self.req.arrival_s):
             gap = self.req.arrival_s[self.next_arrival] - self.t
@@ -412,4 +441,5 @@ class _Run:
             busy_s=self.busy, num_steps=self.steps, kv_blocks=self.sim.total_blocks,
             mean_running=self.running_integral / self.t if self.t else 0.0,
             mean_batch=self.running_integral / self.busy if self.busy else 0.0,
+            busy_intervals=np.asarray(self.intervals, float).reshape(-1, 2),
         )

@@ -90,6 +90,13 @@ def test_a_model_without_lengths_and_no_trace_names_what_to_give(example: Path, 
     assert model_lengths(fleet, trace, [LARGE])[LARGE] is trace
 
 
+def test_a_workload_traffic_in_a_fleet_file_is_refused_by_name(example: Path, params: Params) -> None:
+    text = (example / "fleet.yaml").read_text().replace("scenario:\n", "scenario:\n  traffic: workload\n", 1)
+    (example / "traffic.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=r"scenario.traffic: 'workload' is the pipeline's"):
+        load_fleet(example / "traffic.yaml", params)
+
+
 def test_overrides_replace_the_scenario_and_name_a_bad_flag(example: Path, params: Params) -> None:
     spec = load_fleet(example / "fleet.yaml", params).spec
     changed = with_overrides(spec, budget=12.5, qps=None, quality_floor=0.6, max_p95=None)

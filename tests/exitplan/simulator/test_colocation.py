@@ -10,6 +10,7 @@ from exitplan.catalog import Catalog, SlowdownGrid
 from exitplan.config import EngineParams
 from exitplan.simulator.colocation import (
     HostSharing,
+    StepPace,
     run_slowed,
     simulate_colocated,
     slowdowns,
@@ -28,6 +29,11 @@ def _requests(n: int, qps: float, seed: int) -> RequestSet:
     rng = np.random.default_rng(seed)
     base = generate_requests(n, qps, 1, 1, seed=seed)
     return RequestSet(base.arrival_s, rng.integers(20, 800, n), rng.integers(2, 300, n))
+
+
+def _mean_field(sims, loads, s) -> list:
+    """The runs of the mean field's fixed point (each replica slowed by its ``s`` throughout)."""
+    return [run_slowed(sim, load, float(x)) for sim, load, x in zip(sims, loads, s, strict=True)]
 
 
 def test_each_replica_is_slowed_by_the_others_busy_shares() -> None:
@@ -89,8 +95,9 @@ def test_colocated_replicas_settle_where_the_slowdowns_match_the_busy_shares(cat
     shared, s = simulate_colocated(sims, loads, HostSharing(neighbour_slowdown=0.3))
     assert np.array_equal(s0, [1.0, 1.0])
     start = min(r.arrival_s[0] for r in loads)
-    end = max(float(np.nanmax(r.finish_s)) for r in shared)
-    busy = [r.busy_s / (end - start) for r in shared]
+    field = _mean_field(sims, loads, s)
+    end = max(float(np.nanmax(r.finish_s)) for r in field)
+    busy = [r.busy_s / (end - start) for r in field]
     assert s == pytest.approx(slowdowns(busy, 0.3), abs=1e-3)  # the fixed point
     assert s[1] > s[0] > 1.0  # the lightly loaded replica sits beside the busier one: it is slowed more
     for a, b in zip(alone, shared, strict=True):
@@ -102,10 +109,11 @@ def test_each_replica_is_slowed_by_its_own_models_figure(catalog: Catalog) -> No
     sims = [ReplicaSimulator(ReplicaSpec(model, gpu)), ReplicaSimulator(ReplicaSpec(model, gpu))]
     loads = [_requests(300, 3.0, 1), _requests(300, 3.0, 2)]
     host = HostSharing(neighbour_slowdown=0.3, model_slowdowns=(("small", 0.6),))
-    shared, s = simulate_colocated(sims, loads, host, ["small", "large"])  # "large" takes the device's 0.3
+    _, s = simulate_colocated(sims, loads, host, ["small", "large"])  # "large" takes the device's 0.3
     start = min(r.arrival_s[0] for r in loads)
-    end = max(float(np.nanmax(r.finish_s)) for r in shared)
-    busy = [r.busy_s / (end - start) for r in shared]
+    field = _mean_field(sims, loads, s)
+    end = max(float(np.nanmax(r.finish_s)) for r in field)
+    busy = [r.busy_s / (end - start) for r in field]
     assert s == pytest.approx(slowdowns(busy, [0.6, 0.3]), abs=1e-3)
     _, same = simulate_colocated(sims, loads, host)  # no models named: the device's figure for both
     assert s[0] > same[0] > 1.0 and s[1] == pytest.approx(same[1], rel=0.02)  # only the small one's figure moved
@@ -134,8 +142,9 @@ def test_a_replica_at_a_small_batch_is_slowed_more_than_at_a_large_one(catalog: 
     sims = [ReplicaSimulator(ReplicaSpec(model, gpu)), ReplicaSimulator(ReplicaSpec(model, gpu))]
     loads = [_requests(60, 0.2, 1), _requests(600, 6.0, 2)]  # one light replica (batch ~1), one batching
     grid = SlowdownGrid(batches=[1, 16], values=[[0.5, 0.5], [0.0, 0.0]])  # lost at batch 1, nothing at 16
-    results, s = simulate_colocated(sims, loads, HostSharing(grids=(("m", grid),)), ["m", "m"])
+    _, s = simulate_colocated(sims, loads, HostSharing(grids=(("m", grid),)), ["m", "m"])
     start = min(r.arrival_s[0] for r in loads)
+    results = _mean_field(sims, loads, s)
     end = max(float(np.nanmax(r.finish_s)) for r in results)
     busy = [r.busy_s / (end - start) for r in results]
     batches = [r.mean_batch for r in results]
@@ -172,3 +181,39 @@ def test_mean_batches_are_interpolated_and_kept_by_a_slowed_curve() -> None:
     assert curve.batch_at(3.0) == pytest.approx(4.0) and curve.batch_at(0.1) == pytest.approx(1.2)
     assert slowed_curve(curve, 2.0).batch_at(1.5) == pytest.approx(4.0)  # read at the inflated load, 3.0
     assert LatencyCurve.from_points(np.asarray([1.0]), np.asarray([1.0])).batch_at(1.0) is None
+
+
+def test_a_pace_rises_by_each_busy_neighbours_figure() -> None:
+    pace = StepPace.of(1.1, [(0.3, np.asarray([[1.0, 3.0], [5.0, 6.0]])), (0.2, np.asarray([[2.0, 5.5]]))])
+    expected = {0.0: 1.0, 1.0: 1.3, 2.5: 1.5, 3.0: 1.2, 5.2: 1.5, 5.5: 1.3, 6.0: 1.0, 9.0: 1.0}
+    assert [pace.at(t) for t in expected] == pytest.approx([1.1 * v for v in expected.values()])
+    assert [pace.next_change(t) for t in (0.0, 2.5, 5.5)] == [1.0, 3.0, 6.0]
+    assert pace.next_change(6.0) == float("inf")
+    assert StepPace.of(2.0, []).at(4.0) == 2.0
+
+
+def test_a_paced_replica_runs_at_the_pace_of_each_stretch(catalog: Catalog) -> None:
+    sim = ReplicaSimulator(ReplicaSpec(catalog.model(LLAMA7), catalog.gpu("rtx-4090")))
+    one = RequestSet(np.asarray([0.0]), np.asarray([200]), np.asarray([200]))
+    alone = sim.run(one)
+    took = float(alone.finish_s[0])
+    assert sim.run(one, StepPace.of(2.0, [])).finish_s[0] == pytest.approx(2 * took, rel=1e-9)
+    # slowed by half until took/2: a third of its work done by then (took/2 at 1.5x), the rest at full pace
+    half = sim.run(one, StepPace.of(1.0, [(0.5, np.asarray([[0.0, took / 2]]))]))
+    assert half.finish_s[0] == pytest.approx(took / 2 + (took - took / 3), rel=0.02)
+    assert alone.busy_intervals.tolist() == [[0.0, pytest.approx(took)]]
+
+
+def test_timed_replicas_busy_at_different_times_do_not_slow_each_other(catalog: Catalog) -> None:
+    gpu, model = catalog.gpu("rtx-4090"), catalog.model(LLAMA7)
+    sims = [ReplicaSimulator(ReplicaSpec(model, gpu)), ReplicaSimulator(ReplicaSpec(model, gpu))]
+    one = RequestSet(np.asarray([0.0]), np.asarray([200]), np.asarray([100]))
+    took = float(sims[0].run(one).finish_s[0])
+    apart = [one, RequestSet(np.asarray([3 * took]), np.asarray([200]), np.asarray([100]))]
+    field, s = simulate_colocated(sims, apart, HostSharing(neighbour_slowdown=0.5))
+    assert s[0] > 1.1 and field[0].finish_s[0] > 1.1 * took  # the mean field spreads the neighbour over the run
+    results, _ = simulate_colocated(sims, apart, HostSharing(neighbour_slowdown=0.5), timed=True)
+    assert results[0].finish_s[0] == pytest.approx(took) and results[1].finish_s[0] == pytest.approx(4 * took)
+    together = [one, one]  # the same request on both at once: each loses the whole 0.5 throughout
+    both, _ = simulate_colocated(sims, together, HostSharing(neighbour_slowdown=0.5), timed=True)
+    assert [r.finish_s[0] for r in both] == pytest.approx([1.5 * took] * 2, rel=0.02)
