@@ -2,7 +2,8 @@
 the rest.
 
 The ``plan`` stage embeds the labelled prompts and calls :func:`train_router`; the plan's thresholds are quantiles
-of :attr:`TrainedRouter.window` (the scores of every labelled query), and Q(f) is what the planner optimises.
+of :attr:`TrainedRouter.window` (the scores of every labelled query; the ``plan`` stage swaps in a workload sample's
+for a ``traffic: workload`` scenario), and Q(f) is what the planner optimises.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ class TrainedRouter:
         values: Q at each grid point (the router's curve).
         oracle: The same curve routed by the true quality gap (an upper bound).
         random: The same curve routed at random (a lower bound).
-        window: Routing scores of every labelled query (the plan's thresholds are its quantiles).
+        window: Routing scores of the traffic the plan is for (the plan's thresholds are its quantiles): every
+            labelled query, or a sample of the workload (``window_lengths`` then holds their lengths).
         train: Queries the scorer was fitted on.
         held_out: Queries the curves were measured on.
         held_scores: Routing scores of the held-out queries (Q(f, depths) is measured on them too).
