@@ -133,9 +133,10 @@ def problem_from(db: Any, prices: Mapping[str, float], available: Mapping[str, i
     for m in models:
         mine = None if depths is None else depths.get(m)
         curves[m] = deployment_curves(db, m, list(prices), metric, mine)
-        by_share[m] = share_curves(routed, m, list(prices), metric, sorted({key[3] for key in curves[m]}))
+        held = sorted({key[3] for key in curves[m]})
+        by_share[m] = share_curves(routed, m, list(prices), metric, held)
         found = []
-        for layers in sorted({key[3] for key in curves[m]}):
+        for layers in held:
             at = {key: c for key, c in curves[m].items() if key[3] == layers}
             target = target_latency or float(np.median([c.latency[-1] for c in at.values() if c.capacity]))
             found += mixed_candidates(at, prices, load, available, budgets, target, shares)

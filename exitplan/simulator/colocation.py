@@ -187,9 +187,8 @@ class StepPace:
         neighbour is busy (``(c, busy intervals k x 2)`` per neighbour)."""
         times = np.concatenate([np.zeros(0), *(iv.reshape(-1, 2).T.ravel() for _, iv in neighbours)])
         deltas = np.concatenate([np.zeros(0), *(np.repeat([c, -c], len(iv.reshape(-1, 2))) for c, iv in neighbours)])
-        order = np.argsort(times, kind="stable")
-        edges, last = np.unique(times[order], return_index=False, return_counts=True)
-        level = np.cumsum(deltas[order])[np.cumsum(last) - 1] if len(edges) else np.zeros(0)
+        edges, counts = np.unique(times, return_counts=True)  # sorted, as the events' cumulative sum below
+        level = np.cumsum(deltas[np.argsort(times, kind="stable")])[np.cumsum(counts) - 1]
         return cls(edges, base * (1.0 + np.concatenate([[0.0], np.maximum(level, 0.0)])))
 
     def at(self, t: float) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
 
 import numpy as np
 
@@ -69,7 +68,7 @@ class LatencyCurve:
         def mix(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
             return None if a is None or b is None else (1 - weight) * a[:n] + weight * b[:n]
 
-        latency = cast(np.ndarray, mix(self.latency, other.latency))
+        latency = (1 - weight) * self.latency[:n] + weight * other.latency[:n]
         return LatencyCurve(self.qps[:n], latency, float(self.qps[n - 1]) if n else 0.0,
                             mix(self.busy, other.busy), mix(self.batch, other.batch))
 

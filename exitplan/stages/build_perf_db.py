@@ -114,6 +114,7 @@ def vllm_rows(params: Params, lengths: Mapping[str, tuple[Any, Any]] | None = No
     section = params.build_perf_db
     device = read_vllm_device(vllm_device_path(params))
     models = [m for m in params.profile_vllm.models if m in section.models and (lengths is None or m in lengths)]
+    # with ``lengths`` each model swept has its own, and the common lengths argument is not read
     cut = workload_lengths(params) if lengths is None else next(iter(lengths.values()))
     return build_perf_db(planning_catalog(params), models, [device.gpu.id], vllm_engine(device), section.vllm_qps, cut,
                          section.requests_per_point, section.seed, 1, [1.0], dask or params.dask, model_lengths=lengths,

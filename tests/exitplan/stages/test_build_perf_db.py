@@ -6,19 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from exitplan import REPO_ROOT
-from exitplan.config import load_params
 from exitplan.errors import WorkloadError
 from exitplan.stages.build_perf_db import workload_lengths
-
-
-@pytest.fixture
-def params(tmp_path):
-    base = load_params(REPO_ROOT / "params.yaml")
-    return base.model_copy(update={
-        "prepare_workload": base.prepare_workload.model_copy(update={"output_dir": str(tmp_path)}),
-        "vllm": base.vllm.model_copy(update={"max_model_len": 1000}),
-        "build_perf_db": base.build_perf_db.model_copy(update={"vllm_max_output_len": 64})})
 
 
 def test_the_workloads_lengths_are_cut_and_the_unservable_left_out(params, tmp_path) -> None:

@@ -9,20 +9,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from exitplan import REPO_ROOT
-from exitplan.config import load_params
 from exitplan.routing.trainer import TrainedRouter
 from exitplan.stages import plan as stage
 
 
 @pytest.fixture
-def params(tmp_path):
-    base = load_params(REPO_ROOT / "params.yaml")
-    return base.model_copy(update={
-        "prepare_workload": base.prepare_workload.model_copy(update={"output_dir": str(tmp_path)}),
-        "vllm": base.vllm.model_copy(update={"max_model_len": 1000}),
-        "plan": base.plan.model_copy(update={"workload_sample": 4, "routed_shares": [0.5, 1.0]}),
-        "build_perf_db": base.build_perf_db.model_copy(update={"vllm_max_output_len": 64})})
+def params(params):
+    """The stage tests' parameters, with a small workload sample and two routed shares."""
+    return params.model_copy(update={
+        "plan": params.plan.model_copy(update={"workload_sample": 4, "routed_shares": [0.5, 1.0]})})
 
 
 class _LengthScorer:
