@@ -89,7 +89,8 @@ def sim_latencies(params, fitted: DeviceProfile, candidate: Candidate, layers: i
     engine = EngineParams(max_num_seqs=config.max_num_seqs, block_size=config.block_size,
                           gpu_memory_utilization=1.0, enable_chunked_prefill=True,
                           max_num_batched_tokens=config.max_prefill_tokens, step_overhead_s=fitted.step_overhead_s,
-                          seq_overhead_s=fitted.seq_overhead_s, max_model_len=4096, watermark=0.0)
+                          seq_overhead_s=fitted.seq_overhead_s, prompt_overhead_s=fitted.prompt_overhead_s,
+                          max_model_len=4096, watermark=0.0)
     result = ReplicaSimulator(spec, engine).run(RequestSet(np.asarray(arrivals, float),
                                                            np.asarray([len(p) for p in prompts]),
                                                            np.asarray(outputs)))

@@ -65,6 +65,16 @@ class Efficiency(StrictModel):
     source: str = Field(min_length=1)
     """Where these values came from (a measurement, a paper, or an assumption awaiting calibration)."""
 
+    attention: float = Field(default=1.0, gt=0, le=1)
+    """Rate of attention's query-key pairs (their score and value FLOPs) as a fraction of the GEMMs' ``compute``
+    rate. 1 on every catalog GPU; a CPU's attention kernels run below its GEMMs (vLLM's CPU prefill attention at
+    0.45x on an AVX512-BF16 core, fitted by ``profile_vllm`` to prefills of 32 to 2,048 tokens)."""
+
+    kv_memory: float = Field(default=1.0, gt=0, le=1)
+    """Rate of a step's KV-cache reads as a fraction of the weights' ``memory`` rate. 1 on every catalog GPU; on a
+    CPU the paged KV blocks are gathered, not streamed (vLLM's CPU decode read them at about 0.1x the weights' rate
+    here, fitted to decode steps at contexts of 64 to 1,024 tokens)."""
+
     overlap: bool = True
     """Whether a step's compute and memory traffic overlap, so that it costs the larger of the two (a GPU's
     roofline, every catalog GPU). ``False`` for a device that does them in turn, so that a step costs their sum: a
@@ -138,6 +148,12 @@ class Gpu(StrictModel):
 
     efficiency: Efficiency
     """Achievable fractions of peak compute, memory bandwidth and link bandwidth (with their source)."""
+
+    model_compute: dict[str, Annotated[float, Field(gt=0, le=10)]] = Field(default_factory=dict)
+    """Model -> multiplier on the compute rate for that model's steps, where a profiling stage fitted its models
+    apart: a CPU's GEMM rate depends on the matrix shapes (``profile_vllm`` here: the Qwen 1.5B's 1,536-wide GEMMs
+    ran about 7% more FLOP/s than the 0.5B's 896-wide ones). The fit keeps the multipliers' geometric mean at 1, so a
+    model not named here runs at ``bf16_tflops`` (every catalog GPU: no entries)."""
 
     neighbour_slowdown: float = Field(default=0.0, ge=0, le=10)
     """Share by which each replica's steps take longer per other replica of this device busy at the same time (0:

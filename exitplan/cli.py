@@ -321,7 +321,9 @@ def stage_partial_checkpoints(params: ParamsOption = Path(DEFAULT_PARAMS)) -> No
 
 def _print_device(m: dict[str, Any]) -> None:
     console.print(f"{m['device']}: {m['flops_per_s'] / 1e9:.1f} GFLOP/s, {m['bytes_per_s'] / 1e9:.1f} GB/s, "
-                  f"overheads {m['step_overhead_s'] * 1e3:.2f} ms/step + {m['seq_overhead_s'] * 1e3:.2f} ms/seq; "
+                  f"overheads {m['step_overhead_s'] * 1e3:.2f} ms/step + {m['seq_overhead_s'] * 1e3:.2f} ms/seq + "
+                  f"{m['prompt_overhead_s'] * 1e3:.1f} ms/request; attention at {m['attention_rate']:.2f}x the "
+                  f"GEMMs, KV reads at {m['kv_read_rate']:.2f}x the weights; "
                   f"fit error median {m['median_rel_err']:.1%}, max {m['max_rel_err']:.1%} over {m['points']} points")
 
 

@@ -229,6 +229,10 @@ class EngineParams(StrictModel):
     """Engine cost per sequence per iteration in seconds (0 for vLLM's fused kernels; this repo's CPU engine loops
     over sequences for attention and sampling, and ``profile_device`` fits its value)."""
 
+    prompt_overhead_s: float = Field(default=0.0, ge=0, le=1)
+    """Engine cost per request in seconds, paid in the iteration that starts its prompt (a vLLM CPU replica's API
+    server works on each request on the engine's own core; ``profile_vllm`` fits it from its single prefills)."""
+
     watermark: float = Field(default=0.01, ge=0, lt=1)
     """Share of KV blocks kept free when admitting a prompt (vLLM's block-manager watermark)."""
 
@@ -481,11 +485,13 @@ class ProfileVllmParams(StrictModel):
     batch_sizes: list[PositiveInt] = Field(default_factory=lambda: [1, 4, 8, 16], min_length=1)
     """Decode batch sizes timed (concurrent streams; at most ``vllm.max_num_seqs``)."""
 
-    contexts: list[PositiveInt] = Field(default_factory=lambda: [64, 256], min_length=1)
-    """Prompt tokens of each stream of the timed decode steps."""
+    contexts: list[PositiveInt] = Field(default_factory=lambda: [64, 256, 1024], min_length=1)
+    """Prompt tokens of each stream of the timed decode steps (a long one sets the KV reads' rate,
+    ``Efficiency.kv_memory``)."""
 
-    prefill_lengths: list[PositiveInt] = Field(default_factory=lambda: [32, 128, 512], min_length=1)
-    """Prompt lengths of the timed single-request prefills."""
+    prefill_lengths: list[PositiveInt] = Field(default_factory=lambda: [32, 128, 512, 1024, 2048], min_length=1)
+    """Prompt lengths of the timed single-request prefills (long ones set attention's rate,
+    ``Efficiency.attention``)."""
 
     tokens: int = Field(default=16, ge=4, le=1024)
     """Output tokens of each decode stream (its events are the timed steps)."""

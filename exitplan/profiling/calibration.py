@@ -146,11 +146,12 @@ def standing(device: DeviceProfile, calibration: Calibration | None, max_age_h: 
 
 def rescale(device: DeviceProfile, drift: Drift) -> DeviceProfile:
     """``device`` on a machine ``drift`` slower: compute by the prefill probe's ratio, memory bandwidth and the
-    per-step and per-sequence overheads by the decode probe's."""
+    per-step, per-sequence and per-request overheads by the decode probe's."""
     gpu = device.gpu.model_copy(update={"bf16_tflops": device.gpu.bf16_tflops / drift.prefill,
                                         "hbm_bandwidth_gbps": device.gpu.hbm_bandwidth_gbps / drift.decode})
     return device.model_copy(update={"gpu": gpu, "step_overhead_s": device.step_overhead_s * drift.decode,
-                                     "seq_overhead_s": device.seq_overhead_s * drift.decode})
+                                     "seq_overhead_s": device.seq_overhead_s * drift.decode,
+                                     "prompt_overhead_s": device.prompt_overhead_s * drift.decode})
 
 
 def calibrated(device: DeviceProfile, calibration: Calibration | None) -> DeviceProfile:

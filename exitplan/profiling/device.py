@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -81,37 +81,51 @@ def measure(model: Any, batch_sizes: Sequence[int], contexts: Sequence[int], pre
 
 def device_entry(device_id: str, flops_per_s: float, bytes_per_s: float, memory_gib: float,
                  price_per_hour: float, source: str, memory_scale: dict[int, float] | None = None,
-                 overlap: bool = True) -> Gpu:
+                 overlap: bool = True, attention: float = 1.0, kv_memory: float = 1.0) -> Gpu:
     """A catalog GPU entry for a fitted device (its peaks are the effective values: efficiency 1; the bandwidth is
     that of the largest decode batch measured, ``memory_scale`` gives it at smaller ones; ``overlap``: whether a
-    step costs the larger of compute and memory time or their sum)."""
+    step costs the larger of compute and memory time or their sum; ``attention`` and ``kv_memory``: the rates of
+    attention pairs and KV reads relative to the GEMMs' and the weights', :class:`~exitplan.catalog.Efficiency`)."""
     return Gpu(id=device_id, name=f"local device ({device_id})", bf16_tflops=flops_per_s / 1e12,
                hbm_bandwidth_gbps=bytes_per_s / 1e9, memory_gib=memory_gib,
                link=Link(kind="pcie", bandwidth_gbps=1.0, latency_us=10.0), gpus_per_node=1,
                price_per_hour=price_per_hour, efficiency=Efficiency(compute=1.0, memory=1.0, link=1.0, source=source,
-                                                                    memory_scale=memory_scale, overlap=overlap))
+                                                                    memory_scale=memory_scale, overlap=overlap,
+                                                                    attention=attention, kv_memory=kv_memory))
+
+
+class Overheads(NamedTuple):
+    """An engine's fitted costs beyond the roofline (seconds)."""
+
+    step_s: float
+    """Per iteration."""
+
+    seq_s: float
+    """Per sequence that samples in an iteration."""
+
+    prompt_s: float = 0.0
+    """Per request, in the iteration that starts its prompt."""
 
 
 def _predict(row: dict[str, Any], cost: CostModel) -> float:
     if row["kind"] == "decode":
         b, c = row["batch"], row["context"]
         return cost.step_time(b, b * (c + 1), b * c, b)
-    n = row["new_tokens"]
-    return cost.step_time(n, n * (n + 1) / 2, 0, 1)
+    return cost.prefill_time(np.asarray([row["new_tokens"]]), np.zeros(1))
 
 
-def predict(rows: Sequence[dict[str, Any]], model: Model, device: Gpu, step_overhead_s: float,
-            seq_overhead_s: float, exit_head_layers: int = 0) -> np.ndarray:
+def predict(rows: Sequence[dict[str, Any]], model: Model, device: Gpu, overheads: Overheads,
+            exit_head_layers: int = 0) -> np.ndarray:
     """The cost model's seconds for each measured point (``rows`` as :func:`measure` returns them)."""
     out = []
     for row in rows:
         spec = ReplicaSpec(model, device, layers=row["layers"], exit_head_layers=exit_head_layers)
-        out.append(_predict(row, CostModel(spec, step_overhead_s, seq_overhead_s)))
+        out.append(_predict(row, CostModel(spec, *overheads)))
     return np.asarray(out)
 
 
 def fit_device(rows: Sequence[dict[str, Any]], models: dict[str, Model], device_id: str, memory_gib: float,
-               price_per_hour: float) -> tuple[Gpu, float, float, dict[str, float]]:
+               price_per_hour: float) -> tuple[Gpu, Overheads, dict[str, float]]:
     """Fit the cost model to measured step times (all models), in both of its forms, and keep the better fit.
 
     The forms: the roofline (a step costs the larger of compute and memory time; effective FLOP/s, bytes/s, per-step
@@ -120,6 +134,9 @@ def fit_device(rows: Sequence[dict[str, Any]], models: dict[str, Model], device_
     a CPU core that streams the weights through its own FMA units does; the same numbers and multipliers: on an
     AVX512-BF16 core a batch-1 decode step streams the weights at 0.58x a batch-16 step's rate, measured by
     ``profile_vllm``, and without the multipliers the sum's max error there was 23% against 15%).
+    Both forms also fit the rates of attention pairs and KV reads (``Efficiency.attention``, ``kv_memory``, at most
+    those of the GEMMs and the weight streams; short contexts and prompts alone leave them at 1, as on our engine) and,
+    with two or more models, each model's compute multiplier (``Gpu.model_compute``, geometric mean 1).
     The better is the one with the smaller root-mean-square log error.
 
     Args:
@@ -130,46 +147,62 @@ def fit_device(rows: Sequence[dict[str, Any]], models: dict[str, Model], device_
         price_per_hour: Its rental price (US$/h).
 
     Returns:
-        The device entry, the per-step and per-sequence overheads (seconds), and fit errors (median and max
-        relative error of the kept form, the max of each form, and ``overlap``: 1 for the roofline, 0 for the sum).
+        The device entry, the overheads, and fit errors (median and max relative error of the kept form, the max
+        of each form, and ``overlap``: 1 for the roofline, 0 for the sum).
     """
     fits = {overlap: _fit_form(rows, models, device_id, memory_gib, price_per_hour, overlap)
             for overlap in (True, False)}
-    overlap = min(fits, key=lambda o: fits[o][3])
-    device, step, seq, _, errors = fits[overlap]
+    overlap = min(fits, key=lambda o: fits[o][2])
+    device, overheads, _, errors = fits[overlap]
     form = "roofline (max)" if overlap else "sum of compute and memory time"
     source = (f"fitted by profile_device to {len(rows)} measured step times as a {form} (median error "
               f"{np.median(errors):.1%}, max {errors.max():.1%}; the {'sum' if overlap else 'roofline'} fitted "
-              f"max {fits[not overlap][4].max():.1%})")
+              f"max {fits[not overlap][3].max():.1%})")
     device = device.model_copy(update={"efficiency": device.efficiency.model_copy(update={"source": source})})
-    return device, step, seq, {"median_rel_err": float(np.median(errors)), "max_rel_err": float(errors.max()),
-                               "roofline_max_rel_err": float(fits[True][4].max()),
-                               "sum_max_rel_err": float(fits[False][4].max()), "overlap": float(overlap)}
+    return device, overheads, {"median_rel_err": float(np.median(errors)), "max_rel_err": float(errors.max()),
+                               "roofline_max_rel_err": float(fits[True][3].max()),
+                               "sum_max_rel_err": float(fits[False][3].max()), "overlap": float(overlap)}
 
 
 def _fit_form(rows: Sequence[dict[str, Any]], models: dict[str, Model], device_id: str, memory_gib: float,
-              price_per_hour: float, overlap: bool) -> tuple[Gpu, float, float, float, np.ndarray]:
-    """One form's least-squares fit in log space: the entry, the two overheads, the RMS log error and the relative
-    error of each row."""
+              price_per_hour: float, overlap: bool) -> tuple[Gpu, Overheads, float, np.ndarray]:
+    """One form's least-squares fit in log space: the entry, the overheads, the RMS log error and the relative
+    error of each row.
+
+    The parameters: FLOP/s, bytes/s, the per-step and per-sequence overheads, the attention and KV-read rates, the
+    per-request overhead, the bandwidth multiplier of
+    each decode batch but the largest, and (with two or more models) each model's compute multiplier but the first,
+    whose log is minus the others' sum (their geometric mean stays 1).
+    """
     from scipy.optimize import least_squares
 
     measured = np.asarray([r["seconds"] for r in rows])
     decode = sorted({int(r["batch"]) for r in rows if r["kind"] == "decode"})
     sizes = decode[:-1]  # the largest decode batch is the reference (multiplier 1)
+    names = sorted({r["model"] for r in rows})
+    free = names[1:] if len(names) > 1 else []
 
     def entry(x: np.ndarray) -> Gpu:
-        scale = {**dict(zip(sizes, np.exp(x[4:]).tolist(), strict=True)), decode[-1]: 1.0} if sizes else None
-        flops, bandwidth = np.exp(x[:2])
-        return device_entry(device_id, flops, bandwidth, memory_gib, price_per_hour, "fit", scale, overlap)
+        scale = {**dict(zip(sizes, np.exp(x[7:7 + len(sizes)]).tolist(), strict=True)), decode[-1]: 1.0}
+        logs = x[7 + len(sizes):]
+        compute = dict(zip(names, np.exp([-logs.sum(), *logs]).tolist(), strict=True)) if free else {}
+        flops, bandwidth, attention, kv_memory = np.exp(x[[0, 1, 4, 5]])
+        device = device_entry(device_id, flops, bandwidth, memory_gib, price_per_hour, "fit",
+                              scale if sizes else None, overlap, float(attention), float(kv_memory))
+        return device.model_copy(update={"model_compute": compute})
+
+    def overheads(x: np.ndarray) -> Overheads:
+        return Overheads(*np.exp(x[[2, 3, 6]]).tolist())
 
     def residual(x: np.ndarray) -> np.ndarray:
-        device, (step, seq) = entry(x), np.exp(x[2:4])
-        pred = np.concatenate([predict([r], models[r["model"]], device, step, seq) for r in rows])
+        device, costs = entry(x), overheads(x)
+        pred = np.concatenate([predict([r], models[r["model"]], device, costs) for r in rows])
         return np.log(pred) - np.log(measured)
 
-    start = np.log([5e10, 1e10, 1e-3, 1e-3, *[1.0] * len(sizes)])
-    low, high = np.log([1e8, 1e8, 1e-6, 1e-7, *[0.1] * len(sizes)]), np.log([1e15, 1e13, 1.0, 1.0, *[10] * len(sizes)])
+    extra = len(sizes) + len(free)
+    start = np.log([5e10, 1e10, 1e-3, 1e-3, 0.5, 0.5, 1e-3, *[1.0] * extra])
+    low = np.log([1e8, 1e8, 1e-6, 1e-7, 0.01, 0.01, 1e-6, *[0.1] * extra])
+    high = np.log([1e15, 1e13, 1.0, 1.0, 1.0, 1.0, 1.0, *[10] * extra])  # attention and KV never beat GEMMs, streams
     fit = least_squares(residual, start, bounds=(low, high))
     logs = residual(fit.x)
-    step, seq = np.exp(fit.x[2:4])
-    return entry(fit.x), float(step), float(seq), float(np.sqrt(np.mean(logs**2))), np.abs(np.exp(logs) - 1)
+    return entry(fit.x), overheads(fit.x), float(np.sqrt(np.mean(logs**2))), np.abs(np.exp(logs) - 1)

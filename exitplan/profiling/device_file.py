@@ -50,6 +50,10 @@ class DeviceProfile(StrictModel):
     seq_overhead_s: float = Field(ge=0)
     """Fitted cost per sequence per iteration (seconds)."""
 
+    prompt_overhead_s: float = Field(default=0.0, ge=0)
+    """Fitted cost per request, in the iteration that starts its prompt (seconds; 0 in profiles written before it
+    was fitted)."""
+
     engine: ReplicaKnobs | None = None
     """The knobs of the replicas profiled (``profile_vllm``; none for our own engine)."""
 

@@ -2,7 +2,10 @@
 
 Prefill is compute-bound (FLOPs / effective TFLOPS), decode memory-bound (weight bytes + KV bytes read / effective
 bandwidth); a step costs the larger of the two (the roofline), or their sum on a device that does not overlap them
-(``Efficiency.overlap``: a fitted CPU core). Tensor parallelism splits both over ``tp`` GPUs and
+(``Efficiency.overlap``: a fitted CPU core). Attention's query-key pairs and the KV-cache reads run at their own
+rates (``Efficiency.attention``, ``Efficiency.kv_memory``: a CPU's attention kernels and paged KV gathers run well
+below its GEMMs and weight streams), and a device fitted to several models holds each one's compute multiplier
+(``Gpu.model_compute``). Tensor parallelism splits both over ``tp`` GPUs and
 adds two all-reduces of the activations per layer (``comm``: vLLM's custom all-reduce or NCCL's ring, from the
 GPU's link); pipeline parallelism splits layers over ``pp`` stages that a
 token crosses one after another, with a send between stages (no micro-batch overlap: PP buys memory, not speed).
@@ -104,11 +107,14 @@ class CostModel:
         spec: The replica.
         step_overhead_s: Fixed engine cost per iteration (scheduling, sampling, kernel launches).
         seq_overhead_s: Engine cost per sequence that samples in an iteration (per-sequence host work).
+        prompt_overhead_s: Engine cost per request, paid in the iteration that starts its prompt (the API server's
+            work on a request, on a host where it shares the engine's core).
     """
 
     spec: ReplicaSpec
     step_overhead_s: float = 1e-3
     seq_overhead_s: float = 0.0
+    prompt_overhead_s: float = 0.0
     _c: dict[str, float] = field(init=False, repr=False, compare=False)
     _scale: tuple[np.ndarray, np.ndarray] | None = field(init=False, repr=False, compare=False)
     _link: Interconnect = field(init=False, repr=False, compare=False)
@@ -130,7 +136,10 @@ class CostModel:
             "head_bytes": float(m.vocab_size * m.hidden_size * dtype),
             "kv_bytes": float(s.kv_bytes_per_token),
             # PP stages work one after another on a batch, so only the tp GPUs of one stage work at a time.
-            "flops_per_s": g.bf16_tflops * 1e12 * g.efficiency.compute * s.tp,
+            "flops_per_s": g.bf16_tflops * 1e12 * g.efficiency.compute * g.model_compute.get(m.name, 1.0) * s.tp,
+            # Attention pairs and KV reads at their own rates (CPU kernels: below the GEMMs' and weight streams').
+            "attn_scale": 1.0 / g.efficiency.attention,
+            "kv_scale": 1.0 / g.efficiency.kv_memory,
             "bytes_per_s": g.hbm_bandwidth_gbps * 1e9 * g.efficiency.memory * s.tp,
             "act_bytes": float(m.hidden_size * dtype),
             "layers": float(layers),
@@ -163,9 +172,10 @@ class CostModel:
             sampled: Sequences that sample a token this step (each pays the LM head).
         """
         c = self._c
-        flops = new_tokens * c["layer_flops"] + sampled * c["head_flops"] + attn_pairs * c["attn_flops"]
+        flops = new_tokens * c["layer_flops"] + sampled * c["head_flops"]
+        flops += attn_pairs * c["attn_flops"] * c["attn_scale"]
         memory = c["weight_bytes"] + (c["head_bytes"] if sampled > 0 else 0.0)
-        memory += (kv_tokens_read + new_tokens) * c["kv_bytes"]
+        memory += (kv_tokens_read * c["kv_scale"] + new_tokens) * c["kv_bytes"]
         compute, traffic = flops / c["flops_per_s"], memory / float(self._bandwidth(new_tokens))
         roofline = max(compute, traffic) if self._overlap else compute + traffic
         return roofline + float(self.comm_time(new_tokens)) + self.step_overhead_s + sampled * self.seq_overhead_s
@@ -174,9 +184,10 @@ class CostModel:
                    sampled: np.ndarray) -> np.ndarray:
         """Vectorised :meth:`step_time` over ``k`` steps; every argument has shape ``k``."""
         c = self._c
-        flops = new_tokens * c["layer_flops"] + sampled * c["head_flops"] + attn_pairs * c["attn_flops"]
+        flops = new_tokens * c["layer_flops"] + sampled * c["head_flops"]
+        flops = flops + attn_pairs * c["attn_flops"] * c["attn_scale"]
         head_bytes = np.where(sampled > 0, c["head_bytes"], 0.0)
-        memory = c["weight_bytes"] + head_bytes + (kv_tokens_read + new_tokens) * c["kv_bytes"]
+        memory = c["weight_bytes"] + head_bytes + (kv_tokens_read * c["kv_scale"] + new_tokens) * c["kv_bytes"]
         compute, traffic = flops / c["flops_per_s"], memory / self._bandwidth(new_tokens)
         roofline = np.maximum(compute, traffic) if self._overlap else compute + traffic
         return roofline + self.comm_time(new_tokens) + self.step_overhead_s + sampled * self.seq_overhead_s
@@ -193,7 +204,8 @@ class CostModel:
 
     def prefill_time(self, chunk_lengths: np.ndarray, chunk_starts: np.ndarray, decode_contexts_sum: float = 0.0,
                      num_decodes: int = 0, sampled_prefills: int | None = None) -> float:
-        """One iteration with prefill chunks (and optionally decodes, for chunked prefill).
+        """One iteration with prefill chunks (and optionally decodes, for chunked prefill); each chunk that starts a
+        prompt (at position 0) adds the per-request overhead.
 
         Args:
             chunk_lengths: Tokens of each prefill chunk.
@@ -206,5 +218,6 @@ class CostModel:
         starts = np.asarray(chunk_starts, dtype=float)
         pairs = float(np.sum(lengths * starts + lengths * (lengths + 1) / 2.0))
         sampled = len(lengths) if sampled_prefills is None else sampled_prefills
-        return self.step_time(float(lengths.sum()) + num_decodes, pairs + decode_contexts_sum + num_decodes,
+        step = self.step_time(float(lengths.sum()) + num_decodes, pairs + decode_contexts_sum + num_decodes,
                               float(starts.sum()) + decode_contexts_sum, float(sampled + num_decodes))
+        return step + float(np.count_nonzero(starts == 0)) * self.prompt_overhead_s

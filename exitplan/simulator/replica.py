@@ -132,7 +132,8 @@ class ReplicaSimulator:
     def __init__(self, spec: ReplicaSpec, engine: EngineParams | None = None) -> None:
         self.spec = spec
         self.engine = engine or EngineParams()
-        self.cost = CostModel(spec, self.engine.step_overhead_s, self.engine.seq_overhead_s)
+        self.cost = CostModel(spec, self.engine.step_overhead_s, self.engine.seq_overhead_s,
+                              self.engine.prompt_overhead_s)
         self.total_blocks = kv_capacity_blocks(spec, self.engine)
         self.max_model_len = self.engine.max_model_len or spec.model.max_position_embeddings
         self.token_budget = self.engine.batched_tokens(self.max_model_len)

@@ -74,17 +74,21 @@ def fit_and_write(rows: list[dict[str, Any]], models: dict[str, Any], device_id:
 
     from exitplan.profiling.device import fit_device, predict
 
-    device, step, seq, errors = fit_device(rows, models, device_id, memory_gib, price_per_hour)
+    device, overheads, errors = fit_device(rows, models, device_id, memory_gib, price_per_hour)
     device = device.model_copy(update=dict(host or {}))
     for name, model in models.items():
         mine = [r for r in rows if r["model"] == name]
-        for row, seconds in zip(mine, predict(mine, model, device, step, seq), strict=True):
+        for row, seconds in zip(mine, predict(mine, model, device, overheads), strict=True):
             row["predicted"] = float(seconds)
     write_parquet(out / "steps.parquet", pd.DataFrame(rows))
-    write_device(out / DEVICE_FILE, DeviceProfile(gpu=device, step_overhead_s=step, seq_overhead_s=seq, engine=engine,
-                                                  probe=probe))
+    write_device(out / DEVICE_FILE, DeviceProfile(gpu=device, step_overhead_s=overheads.step_s,
+                                                  seq_overhead_s=overheads.seq_s, prompt_overhead_s=overheads.prompt_s,
+                                                  engine=engine, probe=probe))
     return {"device": device.id, "flops_per_s": device.bf16_tflops * 1e12,
-            "bytes_per_s": device.hbm_bandwidth_gbps * 1e9, "step_overhead_s": step, "seq_overhead_s": seq,
+            "bytes_per_s": device.hbm_bandwidth_gbps * 1e9, "step_overhead_s": overheads.step_s,
+            "seq_overhead_s": overheads.seq_s, "prompt_overhead_s": overheads.prompt_s,
+            "attention_rate": device.efficiency.attention, "kv_read_rate": device.efficiency.kv_memory,
+            **{f"compute_{name}": rate for name, rate in device.model_compute.items()},
             "points": len(rows), "probe_prefill_s": probe.prefill_s, "probe_decode_s": probe.decode_s, **errors}
 
 

@@ -43,7 +43,8 @@ def vllm_engine(device: DeviceProfile) -> EngineParams:
     return EngineParams(max_num_seqs=knobs.max_num_seqs, block_size=knobs.block_size,
                         max_model_len=knobs.max_model_len, max_num_batched_tokens=max(knobs.max_model_len, 2048),
                         enable_chunked_prefill=True, gpu_memory_utilization=1.0,
-                        step_overhead_s=device.step_overhead_s, seq_overhead_s=device.seq_overhead_s, watermark=0.0)
+                        step_overhead_s=device.step_overhead_s, seq_overhead_s=device.seq_overhead_s,
+                        prompt_overhead_s=device.prompt_overhead_s, watermark=0.0)
 
 
 def holding(device: DeviceProfile, models: list[Model]) -> Gpu:

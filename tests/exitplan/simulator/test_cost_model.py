@@ -50,3 +50,41 @@ def test_a_device_that_does_not_overlap_pays_compute_plus_memory(catalog: Catalo
         assert summed.step_time(tokens, tokens, tokens, 1) == pytest.approx(compute + memory)
         assert summed.step_times(np.array([tokens]), np.array([tokens]), np.array([tokens]),
                                  np.array([1.0]))[0] == pytest.approx(compute + memory)
+
+
+def _variant(catalog: Catalog, **update: object) -> CostModel:
+    gpu = catalog.gpu("rtx-4090")
+    efficiency = gpu.efficiency.model_copy(update={"overlap": False, **update})
+    return CostModel(ReplicaSpec(catalog.model(MODEL), gpu.model_copy(update={"efficiency": efficiency})), 0.0)
+
+
+def test_attention_and_kv_reads_run_at_their_own_rates(catalog: Catalog) -> None:
+    plain, slow = _variant(catalog), _variant(catalog, attention=0.5, kv_memory=0.25)
+    c = plain._c
+    # A decode step of 8 sequences over 4,000 context tokens: the pairs cost twice, the KV read four times as long.
+    extra = 4008 * c["attn_flops"] / c["flops_per_s"] + 3 * 4000 * c["kv_bytes"] / c["bytes_per_s"]
+    assert slow.step_time(8, 4008, 4000, 8) - plain.step_time(8, 4008, 4000, 8) == pytest.approx(extra)
+    # A prefill of 1,000 new tokens reads no KV: only its 500,500 pairs slow down.
+    pairs = 1000 * 1001 / 2
+    gap = slow.prefill_time(np.array([1000]), np.array([0])) - plain.prefill_time(np.array([1000]), np.array([0]))
+    assert gap == pytest.approx(pairs * c["attn_flops"] / c["flops_per_s"])
+    assert slow.decode_times(8, 4000, 3) == pytest.approx([slow.step_time(8, 4008 + 8 * i, 4000 + 8 * i, 8)
+                                                           for i in range(3)])
+
+
+@pytest.mark.parametrize("field", ["attention", "kv_memory"])
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan")])
+def test_bad_attention_or_kv_rates_are_refused(field: str, value: float) -> None:
+    with pytest.raises(ValidationError, match=field):
+        Efficiency(compute=0.5, memory=0.5, link=0.5, source="test", **{field: value})
+
+
+def test_a_models_compute_multiplier_applies_to_that_model_only(catalog: Catalog) -> None:
+    gpu = catalog.gpu("rtx-4090").model_copy(update={"model_compute": {MODEL: 2.0}})
+    other = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    named, plain = (CostModel(ReplicaSpec(catalog.model(MODEL), g), 0.0) for g in (gpu, catalog.gpu("rtx-4090")))
+    assert named._c["flops_per_s"] == pytest.approx(2 * plain._c["flops_per_s"])
+    assert named.prefill_time(np.array([4096]), np.array([0])) < plain.prefill_time(np.array([4096]), np.array([0]))
+    unnamed = CostModel(ReplicaSpec(catalog.model(other), gpu), 0.0)
+    assert unnamed._c["flops_per_s"] == CostModel(ReplicaSpec(catalog.model(other), catalog.gpu("rtx-4090")),
+                                                  0.0)._c["flops_per_s"]
