@@ -30,7 +30,7 @@ def _probe(prefill: float = 0.02, decode: float = 0.005, at: float = 1.8e9) -> P
 
 def _device(probe: Probe | None = None) -> DeviceProfile:
     gpu = device_entry("vllm-cpu", 4e11, 1.5e10, 20.0, 0.1, "test", None)
-    return DeviceProfile(gpu=gpu, step_overhead_s=0.004, seq_overhead_s=0.0007, probe=probe)
+    return DeviceProfile(gpu=gpu, step_overhead_s=0.004, seq_overhead_s=0.0007, prompt_overhead_s=0.04, probe=probe)
 
 
 def test_a_device_rescaled_by_the_drift_runs_a_memory_bound_step_that_much_slower(catalog: Catalog) -> None:
@@ -39,6 +39,7 @@ def test_a_device_rescaled_by_the_drift_runs_a_memory_bound_step_that_much_slowe
     assert slower.gpu.bf16_tflops == pytest.approx(device.gpu.bf16_tflops / 2)
     assert slower.gpu.hbm_bandwidth_gbps == pytest.approx(device.gpu.hbm_bandwidth_gbps / 1.25)
     assert slower.step_overhead_s == pytest.approx(0.005) and slower.seq_overhead_s == pytest.approx(0.000875)
+    assert slower.prompt_overhead_s == pytest.approx(0.05)
     model = catalog.llm(SMOLLM2).model_copy(update={"dtype_bytes": 4})
 
     def decode_step(d: DeviceProfile) -> float:

@@ -32,3 +32,14 @@ def test_missing_and_bad_profiles_name_the_file_and_the_stage(tmp_path) -> None:
     (tmp_path / "junk.yaml").write_text("gpu: [unclosed\n")
     with pytest.raises(ExitplanError, match="junk.yaml is not a device profile"):
         read_device(tmp_path / "junk.yaml", "profile_vllm")
+
+
+def test_the_fitted_rates_and_the_request_overhead_read_back_and_older_files_read_as_none(tmp_path) -> None:
+    gpu = device_entry("vllm-cpu", 2e11, 4e10, 20.0, 0.1, "test", {1: 0.3, 16: 1.0}, overlap=False,
+                       attention=0.42, kv_memory=0.08)
+    gpu = gpu.model_copy(update={"model_compute": {"a/small": 0.98, "a/large": 1 / 0.98}})
+    profile = DeviceProfile(gpu=gpu, step_overhead_s=0.002, seq_overhead_s=0.001, prompt_overhead_s=0.049)
+    path = write_device(tmp_path / "device.yaml", profile)
+    assert read_device(path, "profile_vllm") == profile
+    path.write_text(path.read_text().replace("prompt_overhead_s: 0.049\n", ""))
+    assert read_device(path, "profile_vllm").prompt_overhead_s == 0.0  # written before the overhead was fitted

@@ -88,3 +88,12 @@ def test_a_models_compute_multiplier_applies_to_that_model_only(catalog: Catalog
     unnamed = CostModel(ReplicaSpec(catalog.model(other), gpu), 0.0)
     assert unnamed._c["flops_per_s"] == CostModel(ReplicaSpec(catalog.model(other), catalog.gpu("rtx-4090")),
                                                   0.0)._c["flops_per_s"]
+
+
+def test_the_request_overhead_is_paid_by_each_prompt_that_starts_in_the_step(catalog: Catalog) -> None:
+    spec = ReplicaSpec(catalog.model(MODEL), catalog.gpu("rtx-4090"))
+    plain, paying = CostModel(spec, 1e-3), CostModel(spec, 1e-3, 0.0, 0.25)
+    chunks, starts = np.array([100, 200, 300]), np.array([0, 0, 512])  # two prompts start, one continues
+    assert paying.prefill_time(chunks, starts, 900.0, 3) - plain.prefill_time(chunks, starts, 900.0, 3) == \
+        pytest.approx(0.5)
+    assert paying.decode_times(4, 400.0, 5) == pytest.approx(plain.decode_times(4, 400.0, 5))  # decodes never pay

@@ -137,3 +137,13 @@ def test_requests_that_can_never_run_are_rejected_not_hung(catalog: Catalog) -> 
 def test_bad_layouts_are_refused(catalog: Catalog, model: str, gpu: str, tp: int, pp: int, message: str) -> None:
     with pytest.raises(SimulationError, match=message):
         ReplicaSimulator(ReplicaSpec(catalog.model(model), catalog.gpu(gpu), tp, pp))
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_request_pays_the_request_overhead_once_before_its_first_token(catalog: Catalog, chunked: bool) -> None:
+    spec = ReplicaSpec(catalog.model(LLAMA7), catalog.gpu("a100-80g"))
+    requests = RequestSet(np.array([0.0, 30.0]), np.array([500, 40]), np.array([20, 20]))
+    runs = [ReplicaSimulator(spec, EngineParams(enable_chunked_prefill=chunked, prompt_overhead_s=cost)).run(requests)
+            for cost in (0.0, 0.3)]
+    assert runs[1].first_token_s - runs[0].first_token_s == pytest.approx([0.3, 0.3])  # apart: each pays once
+    assert runs[1].finish_s - runs[0].finish_s == pytest.approx([0.3, 0.3])
