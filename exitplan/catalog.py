@@ -67,12 +67,12 @@ class Efficiency(StrictModel):
 
     attention: float = Field(default=1.0, gt=0, le=1)
     """Rate of attention's query-key pairs (their score and value FLOPs) as a fraction of the GEMMs' ``compute``
-    rate. 1 on every catalog GPU; a CPU's attention kernels run below its GEMMs (vLLM's CPU prefill attention at
-    0.45x on an AVX512-BF16 core, fitted by ``profile_vllm`` to prefills of 32 to 2,048 tokens)."""
+    rate. 1 on every catalog GPU; a CPU's attention kernels run below its GEMMs (vLLM's CPU attention at 0.32x on
+    an AVX512-BF16 core, fitted by ``profile_vllm`` to prefills of 32 to 2,048 tokens and contexts to 1,024)."""
 
     kv_memory: float = Field(default=1.0, gt=0, le=1)
     """Rate of a step's KV-cache reads as a fraction of the weights' ``memory`` rate. 1 on every catalog GPU; on a
-    CPU the paged KV blocks are gathered, not streamed (vLLM's CPU decode read them at about 0.1x the weights' rate
+    CPU the paged KV blocks are gathered, not streamed (vLLM's CPU decode read them at 0.29x the weights' rate
     here, fitted to decode steps at contexts of 64 to 1,024 tokens)."""
 
     overlap: bool = True
