@@ -81,17 +81,19 @@ def measure(model: Any, batch_sizes: Sequence[int], contexts: Sequence[int], pre
 
 def device_entry(device_id: str, flops_per_s: float, bytes_per_s: float, memory_gib: float,
                  price_per_hour: float, source: str, memory_scale: dict[int, float] | None = None,
-                 overlap: bool = True, attention: float = 1.0, kv_memory: float = 1.0) -> Gpu:
+                 overlap: bool = True, attention: float = 1.0, kv_memory: float = 1.0,
+                 model_compute: dict[str, float] | None = None) -> Gpu:
     """A catalog GPU entry for a fitted device (its peaks are the effective values: efficiency 1; the bandwidth is
     that of the largest decode batch measured, ``memory_scale`` gives it at smaller ones; ``overlap``: whether a
     step costs the larger of compute and memory time or their sum; ``attention`` and ``kv_memory``: the rates of
-    attention pairs and KV reads relative to the GEMMs' and the weights', :class:`~exitplan.catalog.Efficiency`)."""
+    attention pairs and KV reads relative to the GEMMs' and the weights', :class:`~exitplan.catalog.Efficiency`;
+    ``model_compute``: each model's compute multiplier, :attr:`~exitplan.catalog.Gpu.model_compute`)."""
+    efficiency = Efficiency(compute=1.0, memory=1.0, link=1.0, source=source, memory_scale=memory_scale,
+                            overlap=overlap, attention=attention, kv_memory=kv_memory)
     return Gpu(id=device_id, name=f"local device ({device_id})", bf16_tflops=flops_per_s / 1e12,
                hbm_bandwidth_gbps=bytes_per_s / 1e9, memory_gib=memory_gib,
                link=Link(kind="pcie", bandwidth_gbps=1.0, latency_us=10.0), gpus_per_node=1,
-               price_per_hour=price_per_hour, efficiency=Efficiency(compute=1.0, memory=1.0, link=1.0, source=source,
-                                                                    memory_scale=memory_scale, overlap=overlap,
-                                                                    attention=attention, kv_memory=kv_memory))
+               price_per_hour=price_per_hour, efficiency=efficiency, model_compute=model_compute or {})
 
 
 class Overheads(NamedTuple):
@@ -164,15 +166,22 @@ def fit_device(rows: Sequence[dict[str, Any]], models: dict[str, Model], device_
                                "sum_max_rel_err": float(fits[False][3].max()), "overlap": float(overlap)}
 
 
+_RATES = (0, 1, 2, 3)
+"""Slots of the fit's parameters: FLOP/s, bytes/s, the attention and the KV-read rate."""
+
+_OVERHEADS = (4, 5, 6)
+"""Slots of the fit's parameters: the per-step, per-sequence and per-request overheads (:class:`Overheads`' order)."""
+
+
 def _fit_form(rows: Sequence[dict[str, Any]], models: dict[str, Model], device_id: str, memory_gib: float,
               price_per_hour: float, overlap: bool) -> tuple[Gpu, Overheads, float, np.ndarray]:
     """One form's least-squares fit in log space: the entry, the overheads, the RMS log error and the relative
     error of each row.
 
-    The parameters: FLOP/s, bytes/s, the per-step and per-sequence overheads, the attention and KV-read rates, the
-    per-request overhead, the bandwidth multiplier of
-    each decode batch but the largest, and (with two or more models) each model's compute multiplier but the first,
-    whose log is minus the others' sum (their geometric mean stays 1).
+    The parameters (logs, in :data:`_RATES`' and :data:`_OVERHEADS`' slots first): FLOP/s, bytes/s, the attention
+    and KV-read rates, the per-step, per-sequence and per-request overheads; then the bandwidth multiplier of each
+    decode batch but the largest, and (with two or more models) each model's compute multiplier but the first, whose
+    log is minus the others' sum (their geometric mean stays 1).
     """
     from scipy.optimize import least_squares
 
@@ -182,17 +191,18 @@ def _fit_form(rows: Sequence[dict[str, Any]], models: dict[str, Model], device_i
     names = sorted({r["model"] for r in rows})
     free = names[1:] if len(names) > 1 else []
 
+    fixed = len(_RATES) + len(_OVERHEADS)
+
     def entry(x: np.ndarray) -> Gpu:
-        scale = {**dict(zip(sizes, np.exp(x[7:7 + len(sizes)]).tolist(), strict=True)), decode[-1]: 1.0}
-        logs = x[7 + len(sizes):]
+        scale = {**dict(zip(sizes, np.exp(x[fixed:fixed + len(sizes)]).tolist(), strict=True)), decode[-1]: 1.0}
+        logs = x[fixed + len(sizes):]
         compute = dict(zip(names, np.exp([-logs.sum(), *logs]).tolist(), strict=True)) if free else {}
-        flops, bandwidth, attention, kv_memory = np.exp(x[[0, 1, 4, 5]])
-        device = device_entry(device_id, flops, bandwidth, memory_gib, price_per_hour, "fit",
-                              scale if sizes else None, overlap, float(attention), float(kv_memory))
-        return device.model_copy(update={"model_compute": compute})
+        flops, bandwidth, attention, kv_memory = np.exp(x[list(_RATES)]).tolist()
+        return device_entry(device_id, flops, bandwidth, memory_gib, price_per_hour, "fit", scale if sizes else None,
+                            overlap, attention, kv_memory, compute)
 
     def overheads(x: np.ndarray) -> Overheads:
-        return Overheads(*np.exp(x[[2, 3, 6]]).tolist())
+        return Overheads(*np.exp(x[list(_OVERHEADS)]).tolist())
 
     def residual(x: np.ndarray) -> np.ndarray:
         device, costs = entry(x), overheads(x)
@@ -200,8 +210,8 @@ def _fit_form(rows: Sequence[dict[str, Any]], models: dict[str, Model], device_i
         return np.log(pred) - np.log(measured)
 
     extra = len(sizes) + len(free)
-    start = np.log([5e10, 1e10, 1e-3, 1e-3, 0.5, 0.5, 1e-3, *[1.0] * extra])
-    low = np.log([1e8, 1e8, 1e-6, 1e-7, 0.01, 0.01, 1e-6, *[0.1] * extra])
+    start = np.log([5e10, 1e10, 0.5, 0.5, 1e-3, 1e-3, 1e-3, *[1.0] * extra])
+    low = np.log([1e8, 1e8, 0.01, 0.01, 1e-6, 1e-7, 1e-6, *[0.1] * extra])
     high = np.log([1e15, 1e13, 1.0, 1.0, 1.0, 1.0, 1.0, *[10] * extra])  # attention and KV never beat GEMMs, streams
     fit = least_squares(residual, start, bounds=(low, high))
     logs = residual(fit.x)

@@ -173,7 +173,7 @@ class CostModel:
         """
         c = self._c
         flops = new_tokens * c["layer_flops"] + sampled * c["head_flops"]
-        flops += attn_pairs * c["attn_flops"] * c["attn_scale"]
+        flops = flops + attn_pairs * c["attn_flops"] * c["attn_scale"]
         memory = c["weight_bytes"] + (c["head_bytes"] if sampled > 0 else 0.0)
         memory += (kv_tokens_read * c["kv_scale"] + new_tokens) * c["kv_bytes"]
         compute, traffic = flops / c["flops_per_s"], memory / float(self._bandwidth(new_tokens))
