@@ -258,27 +258,37 @@ class PlanProblem:
         """Each loaded model's P95 with the replicas that share a host slowed by their neighbours (the mean field
         of :mod:`exitplan.simulator.colocation` over the perf DB's curves and busy shares); ``None`` when no shared
         GPU type holds two or more of the plan's replicas (then the plain look-up is exact)."""
+        slowed = self.colocated_slowdowns(fractions, choice)
+        if slowed is None:
+            return None
+        return [best_split(load, slowed_replicas(curves, s))[1]
+                for (load, curves, _), s in zip(self._loaded(fractions, choice), slowed, strict=True)]
+
+    def colocated_slowdowns(self, fractions: np.ndarray, choice: Sequence[int]) -> list[np.ndarray] | None:
+        """Each loaded model's replicas' step-time multipliers where they share a host with the plan's other
+        replicas (the fixed point of :func:`~exitplan.simulator.colocation.slowdowns` over the perf DB's busy
+        shares and batches); ``None`` when no shared GPU type holds two or more of the plan's replicas."""
         if not self.sharing:  # every GPU type owns its replicas' devices: skip on the evaluation path
             return None
-        loaded = [(self.candidates[m][k], f * self.load, self.curves_at(i, f), m)
-                  for i, (m, k, f) in enumerate(zip(self.models, choice, fractions, strict=True)) if f >= MIN_SHARE]
-        gpus = np.asarray([g.gpu for cand, _, _, _ in loaded for g in cand.groups for _ in range(g.dp)])
-        names = [m for cand, _, _, m in loaded for g in cand.groups for _ in range(g.dp)]
+        loaded = self._loaded(fractions, choice)
+        curves = [cs for _, cs, _ in loaded]
+        names = [m for cs, (_, _, m) in zip(curves, loaded, strict=True) for _ in cs]
+        gpus = np.asarray([g.gpu for m, k, f in self._deployed(fractions, choice)
+                           for g in self.candidates[m][k].groups for _ in range(g.dp)])
         tokens = np.asarray([self.tokens_per_request.get(m, 0.0) for m in names])
         hosts = {g: self.sharing[g] for g in set(gpus.tolist()) if g in self.sharing
                  and self.sharing[g].slows(int(np.sum(gpus == g)))}
         if not hosts:
             return None
         own = {g: [n for n, at in zip(names, gpus, strict=True) if at == g] for g in hosts}  # models on each
-        curves = [cand.replica_curves(c) for cand, _, c, _ in loaded]
         flat, edges = [c for cs in curves for c in cs], np.cumsum([0, *map(len, curves)])
 
-        def split(s: np.ndarray) -> list[tuple[np.ndarray, float]]:
-            return [best_split(load, [slowed_curve(c, x) for c, x in zip(cs, s[a:b], strict=True)])
-                    for (_, load, _, _), cs, a, b in zip(loaded, curves, edges[:-1], edges[1:], strict=True)]
+        def split_loads(s: np.ndarray) -> np.ndarray:
+            return np.concatenate([best_split(load, slowed_replicas(cs, s[a:b]))[0]
+                                   for (load, cs, _), a, b in zip(loaded, edges[:-1], edges[1:], strict=True)])
 
         def update(s: np.ndarray) -> np.ndarray:
-            loads = np.concatenate([q for q, _ in split(s)])
+            loads = split_loads(s)
             busy = np.asarray([c.busy_at(x * q) for c, x, q in zip(flat, s, loads, strict=True)])
             batch = [c.batch_at(x * q) for c, x, q in zip(flat, s, loads, strict=True)]
             new = np.ones(len(s))
@@ -290,7 +300,27 @@ class PlanProblem:
                 new[mine] = slowdowns(busy[mine], pairs, stolen)
             return new
 
-        return [latency for _, latency in split(fixed_point(update, len(gpus)))]
+        s = fixed_point(update, len(gpus))
+        return [s[a:b] for a, b in zip(edges[:-1], edges[1:], strict=True)]
+
+    def _deployed(self, fractions: np.ndarray, choice: Sequence[int]) -> list[tuple[str, int, float]]:
+        """``(model, candidate, fraction)`` of each model the plan loads (its fraction at least :data:`MIN_SHARE`)."""
+        return [(m, k, f) for m, k, f in zip(self.models, choice, fractions, strict=True) if f >= MIN_SHARE]
+
+    def _loaded(self, fractions: np.ndarray, choice: Sequence[int]) -> list[tuple[float, list[LatencyCurve], str]]:
+        """``(load, replica curves, model)`` of each model the plan loads: its share of the load and its candidate's
+        replicas' latency curves at that share."""
+        index = {m: i for i, m in enumerate(self.models)}
+        return [(f * self.load, self.candidates[m][k].replica_curves(self.curves_at(index[m], f)), m)
+                for m, k, f in self._deployed(fractions, choice)]
+
+
+def slowed_replicas(curves: Sequence[LatencyCurve],
+                    slowdown: Sequence[float] | np.ndarray | None) -> list[LatencyCurve]:
+    """Replicas' latency curves with each one's steps ``slowdown`` times as long (``None``: as they are)."""
+    if slowdown is None:
+        return list(curves)
+    return [slowed_curve(c, float(x)) for c, x in zip(curves, slowdown, strict=True)]
 
 
 def _index(u: float, n: int) -> int:

@@ -55,30 +55,31 @@ def binding_constraint(truth: list, scenario: PlanScenario) -> str:
 
 
 def describe(problem: Any, plan: Any, window: np.ndarray, db: Any, routed: Any = None, **extra: Any) -> Plan:
-    """The plan file: per model its fraction, threshold, GPU groups, replica load weights, predicted P95 (with
-    co-located replicas slowed by their neighbours, as the plan was evaluated) and P99 (``db``: the perf DB the P99
-    curves come from, ``routed`` its rows by routed share where the problem has them; ``extra``: the scenario's other
-    fields of :class:`Plan`)."""
+    """The plan file: per model its fraction, threshold, GPU groups, replica load weights, predicted P95 and P99
+    (co-located replicas slowed by their neighbours, as the plan was evaluated; ``db``: the perf DB the P99 curves
+    come from, ``routed`` its rows by routed share where the problem has them; ``extra``: the scenario's other fields
+    of :class:`Plan`)."""
     from exitplan.planner.build import deployment_curves
+    from exitplan.planner.problem import MIN_SHARE, slowed_replicas
     from exitplan.planner.routed import curves_at, share_curves
     from exitplan.routing.fractions import thresholds
     from exitplan.simulator.curve import best_split
 
     cuts = thresholds(window, plan.fractions)
     models = []
-    shared = iter(problem.colocated_latencies(np.asarray(plan.fractions), plan.choice) or [])
+    slowed = iter(problem.colocated_slowdowns(np.asarray(plan.fractions), plan.choice) or [])
     for i, (m, c, f) in enumerate(zip(problem.models, plan.choice, plan.fractions, strict=True)):
         cand = problem.candidates[m][c]
         load = f * problem.load
-        entry: dict[str, Any] = {"model": m, "fraction": f, "load_qps": load, "deployed": f >= 1e-3,
+        entry: dict[str, Any] = {"model": m, "fraction": f, "load_qps": load, "deployed": f >= MIN_SHARE,
                                  "full_layers": problem.depths(i)[-1], "quality_source": quality_source(problem, i, c)}
-        if f >= 1e-3:
-            weights, p95 = best_split(load, cand.replica_curves(problem.curves_at(i, f)))
+        if f >= MIN_SHARE:
+            slowdown = next(slowed, None)  # replicas slowed by host neighbours, P95 and P99 alike
+            weights, p95 = best_split(load, slowed_replicas(cand.replica_curves(problem.curves_at(i, f)), slowdown))
             gpus, layers = [g.gpu for g in cand.groups], [g.layers for g in cand.groups]
             p99_curves = curves_at(deployment_curves(db, m, gpus, "e2e_p99_s", layers),
                                    share_curves(routed, m, gpus, "e2e_p99_s", layers), f)
-            _, p99 = best_split(load, cand.replica_curves(p99_curves))
-            p95 = next(shared, p95)  # slowed by host neighbours (P99 as if alone)
+            _, p99 = best_split(load, slowed_replicas(cand.replica_curves(p99_curves), slowdown))
             entry.update(cost_per_hour=cand.cost, predicted_p95_s=p95, predicted_p99_s=p99,
                          replica_weights=list(np.asarray(weights) / load),
                          groups=[GroupPlan(gpu=g.gpu, tp=g.tp, pp=g.pp, dp=g.dp, gpus=g.gpus, layers=g.layers)

@@ -92,3 +92,33 @@ def test_a_coordinator_without_a_core_of_its_own_slows_the_replicas_that_fill_th
     # a host with a third core keeps the coordinator off the replicas' cores
     spare = HostSharing(host_slots=3, relay_cpu_s=relay, score_cpu_s=score)
     assert _problem({"cpu": spare}).colocated_latencies(fractions, (0, 0)) is None
+
+
+def test_the_slowdowns_behind_the_latencies_are_the_hand_solved_ones() -> None:
+    c, fractions = 0.4, np.asarray([0.5, 0.5])  # as in the first test: s_a = 1 + 0.06 s_b, s_b = 1 + 0.08 s_a
+    a, b = c * 0.15, c * 0.2
+    got = _problem({"cpu": HostSharing(c)}).colocated_slowdowns(fractions, (0, 0))
+    assert got is not None and [len(s) for s in got] == [1, 1]
+    assert [float(s[0]) for s in got] == pytest.approx([(1 + a) / (1 - a * b), (1 + b) / (1 - a * b)], rel=1e-3)
+    assert _problem({"cpu": HostSharing(c)}, gpu_b="gpu").colocated_slowdowns(fractions, (0, 0)) is None
+
+
+def test_the_plan_file_slows_p99_by_the_same_neighbours_as_p95() -> None:
+    import pandas as pd
+
+    from exitplan.planner.scenario import describe
+
+    c, fractions = 0.4, np.asarray([0.5, 0.5])
+    a, b = c * 0.15, c * 0.2
+    s_a, s_b = (1 + a) / (1 - a * b), (1 + b) / (1 - a * b)
+    # the perf DB the P99 is read from: P95 as the problem's curves, P99 1.5x the P95 at every load
+    rows = [{"model": m, "gpu": "cpu", "tp": 1, "pp": 1, "layers": layers, "qps": q, "e2e_p95_s": base + slope * q,
+             "e2e_p99_s": 1.5 * (base + slope * q), "saturated": False, "busy_fraction": busy * q}
+            for m, layers, base, slope, busy in (("a", 10, 1.0, 0.5, 0.2), ("b", 20, 2.0, 1.0, 0.15)) for q in GRID]
+    problem = _problem({"cpu": HostSharing(c)})
+    plan = describe(problem, problem.evaluate_plan(fractions, (0, 0)), np.linspace(0, 1, 101), pd.DataFrame(rows))
+    p95 = [m.predicted_p95_s for m in plan.models]
+    p99 = [m.predicted_p99_s for m in plan.models]
+    assert p95 == pytest.approx([s_a * (1.0 + 0.5 * s_a), s_b * (2.0 + 1.0 * s_b)], rel=1e-3)
+    assert p99 == pytest.approx([1.5 * s_a * (1.0 + 0.5 * s_a), 1.5 * s_b * (2.0 + 1.0 * s_b)], rel=1e-3)
+    assert all(hi > lo for hi, lo in zip(p99, p95, strict=True))
