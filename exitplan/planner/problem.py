@@ -258,23 +258,29 @@ class PlanProblem:
         """Each loaded model's P95 with the replicas that share a host slowed by their neighbours (the mean field
         of :mod:`exitplan.simulator.colocation` over the perf DB's curves and busy shares); ``None`` when no shared
         GPU type holds two or more of the plan's replicas (then the plain look-up is exact)."""
-        slowed = self.colocated_slowdowns(fractions, choice)
-        if slowed is None:
+        shared = self._colocated(fractions, choice)
+        if shared is None:
             return None
+        loaded, slowed = shared
         return [best_split(load, slowed_replicas(curves, s))[1]
-                for (load, curves, _), s in zip(self._loaded(fractions, choice), slowed, strict=True)]
+                for (load, curves, _, _), s in zip(loaded, slowed, strict=True)]
 
     def colocated_slowdowns(self, fractions: np.ndarray, choice: Sequence[int]) -> list[np.ndarray] | None:
         """Each loaded model's replicas' step-time multipliers where they share a host with the plan's other
         replicas (the fixed point of :func:`~exitplan.simulator.colocation.slowdowns` over the perf DB's busy
         shares and batches); ``None`` when no shared GPU type holds two or more of the plan's replicas."""
+        shared = self._colocated(fractions, choice)
+        return None if shared is None else shared[1]
+
+    def _colocated(self, fractions: np.ndarray,
+                   choice: Sequence[int]) -> tuple[list[_Loaded], list[np.ndarray]] | None:
+        """The loaded models (:meth:`_loaded`) and their replicas' multipliers (:meth:`colocated_slowdowns`)."""
         if not self.sharing:  # every GPU type owns its replicas' devices: skip on the evaluation path
             return None
         loaded = self._loaded(fractions, choice)
-        curves = [cs for _, cs, _ in loaded]
-        names = [m for cs, (_, _, m) in zip(curves, loaded, strict=True) for _ in cs]
-        gpus = np.asarray([g.gpu for m, k, f in self._deployed(fractions, choice)
-                           for g in self.candidates[m][k].groups for _ in range(g.dp)])
+        curves = [cs for _, cs, _, _ in loaded]
+        gpus = np.asarray([g.gpu for _, _, _, cand in loaded for g in cand.groups for _ in range(g.dp)])
+        names = [m for _, cs, m, _ in loaded for _ in cs]
         tokens = np.asarray([self.tokens_per_request.get(m, 0.0) for m in names])
         hosts = {g: self.sharing[g] for g in set(gpus.tolist()) if g in self.sharing
                  and self.sharing[g].slows(int(np.sum(gpus == g)))}
@@ -283,12 +289,9 @@ class PlanProblem:
         own = {g: [n for n, at in zip(names, gpus, strict=True) if at == g] for g in hosts}  # models on each
         flat, edges = [c for cs in curves for c in cs], np.cumsum([0, *map(len, curves)])
 
-        def split_loads(s: np.ndarray) -> np.ndarray:
-            return np.concatenate([best_split(load, slowed_replicas(cs, s[a:b]))[0]
-                                   for (load, cs, _), a, b in zip(loaded, edges[:-1], edges[1:], strict=True)])
-
         def update(s: np.ndarray) -> np.ndarray:
-            loads = split_loads(s)
+            loads = np.concatenate([best_split(load, slowed_replicas(cs, s[a:b]))[0]
+                                    for (load, cs, _, _), a, b in zip(loaded, edges[:-1], edges[1:], strict=True)])
             busy = np.asarray([c.busy_at(x * q) for c, x, q in zip(flat, s, loads, strict=True)])
             batch = [c.batch_at(x * q) for c, x, q in zip(flat, s, loads, strict=True)]
             new = np.ones(len(s))
@@ -301,18 +304,17 @@ class PlanProblem:
             return new
 
         s = fixed_point(update, len(gpus))
-        return [s[a:b] for a, b in zip(edges[:-1], edges[1:], strict=True)]
+        return loaded, [s[a:b] for a, b in zip(edges[:-1], edges[1:], strict=True)]
 
-    def _deployed(self, fractions: np.ndarray, choice: Sequence[int]) -> list[tuple[str, int, float]]:
-        """``(model, candidate, fraction)`` of each model the plan loads (its fraction at least :data:`MIN_SHARE`)."""
-        return [(m, k, f) for m, k, f in zip(self.models, choice, fractions, strict=True) if f >= MIN_SHARE]
+    def _loaded(self, fractions: np.ndarray, choice: Sequence[int]) -> list[_Loaded]:
+        """Each model the plan loads (its fraction at least :data:`MIN_SHARE`): its share of the load, its
+        candidate's replicas' latency curves at that share, the model and the candidate."""
+        return [(f * self.load, self.candidates[m][k].replica_curves(self.curves_at(i, f)), m, self.candidates[m][k])
+                for i, (m, k, f) in enumerate(zip(self.models, choice, fractions, strict=True)) if f >= MIN_SHARE]
 
-    def _loaded(self, fractions: np.ndarray, choice: Sequence[int]) -> list[tuple[float, list[LatencyCurve], str]]:
-        """``(load, replica curves, model)`` of each model the plan loads: its share of the load and its candidate's
-        replicas' latency curves at that share."""
-        index = {m: i for i, m in enumerate(self.models)}
-        return [(f * self.load, self.candidates[m][k].replica_curves(self.curves_at(index[m], f)), m)
-                for m, k, f in self._deployed(fractions, choice)]
+
+_Loaded = tuple[float, list[LatencyCurve], str, Candidate]
+"""A loaded model: its load (req/s), its replicas' latency curves, its id and its deployment candidate."""
 
 
 def slowed_replicas(curves: Sequence[LatencyCurve],
